@@ -1,0 +1,1 @@
+"""Object storage for large artifacts (checkpoints, weights): local disk or S3."""

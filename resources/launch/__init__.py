@@ -1,0 +1,1 @@
+"""Training launchers: where the distributed training op's workers run."""

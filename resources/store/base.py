@@ -1,0 +1,206 @@
+"""What the pipeline needs from a versioned dataset store, modelled on lakeFS.
+
+Semantics every implementation must keep (the behaviour suite in tests/store checks them):
+- a repository has a default branch ``main``;
+- commit ids are immutable; a ref is a branch name, a tag or a commit id;
+- writes go to a branch's uncommitted staging area, visible only through that branch until
+  committed; another branch never sees them;
+- ``merge`` is atomic: the destination either moves to the merge commit or is untouched;
+  a merge whose two sides changed the same path differently raises ``MergeConflictError``;
+- tags are immutable pointers to commits.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAIN = "main"
+
+# lakeFS branch/tag id rule: starts with a letter, digit or underscore, then letters, digits,
+# underscores and dashes (lakeFS refuses dots and slashes in branch ids).
+_REF_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,254}$")
+# Object paths: relative, '/'-separated, no '..', no empty or '.' components, no control chars.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class StoreError(Exception):
+    """Any failure of the versioned store, with a message that says what to do."""
+
+
+class RefNotFoundError(StoreError):
+    """A branch, tag, commit or object that does not exist."""
+
+
+class MergeConflictError(StoreError):
+    """Both sides of a merge changed the same paths; the destination was left untouched."""
+
+    def __init__(self, message: str, paths: list[str] | None = None):
+        super().__init__(message)
+        self.paths = paths or []
+
+
+@dataclass(frozen=True)
+class Commit:
+    id: str
+    message: str
+    metadata: dict[str, str]
+    parents: tuple[str, ...]
+    creation_date: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    path: str
+    size_bytes: int
+    checksum: str  # content hash as the backend reports it (sha256 locally, etag on lakeFS)
+
+
+@dataclass(frozen=True)
+class DiffEntry:
+    path: str
+    type: str  # "added" | "removed" | "changed"
+
+
+def validate_ref_name(name: str, what: str = "branch") -> str:
+    """Refuse names lakeFS would refuse, with a message naming the rule."""
+    if not isinstance(name, str) or not _REF_NAME.match(name):
+        raise StoreError(
+            f"invalid {what} name {name!r}: use 1-255 characters, letters, digits, '_' and '-', "
+            "starting with a letter, digit or '_'"
+        )
+    return name
+
+
+def validate_object_path(path: str) -> str:
+    """Refuse object paths that could escape a directory or that lakeFS cannot store."""
+    if not isinstance(path, str) or not path:
+        raise StoreError("invalid object path: it is empty; give a relative path such as 'raw/data.parquet'")
+    if len(path.encode()) > 1024:
+        raise StoreError(f"invalid object path {path[:40]!r}...: longer than 1024 bytes")
+    if _CONTROL.search(path):
+        raise StoreError(f"invalid object path {path!r}: it contains control characters")
+    if path.startswith("/") or "\\" in path:
+        raise StoreError(f"invalid object path {path!r}: it must be relative and use '/' separators")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise StoreError(f"invalid object path {path!r}: empty, '.' or '..' components are not allowed")
+    return path
+
+
+@dataclass
+class StoreLocation:
+    """Where a worker can read one object at a pinned commit, without the store's client."""
+
+    uri: str  # file:///abs/path or s3://bucket/key
+    s3_endpoint_url: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class VersionedStore(ABC):
+    """A lakeFS-like repository of objects with branches, commits, merges and tags."""
+
+    repository: str
+
+    # --- repository and refs -------------------------------------------------------------
+    @abstractmethod
+    def ensure_repository(self) -> None:
+        """Create the repository with an empty ``main`` if it does not exist yet."""
+
+    @abstractmethod
+    def create_branch(self, name: str, source_ref: str = MAIN, exist_ok: bool = False) -> str:
+        """Create branch ``name`` at ``source_ref``; return its head commit id."""
+
+    @abstractmethod
+    def delete_branch(self, name: str) -> None: ...
+
+    @abstractmethod
+    def list_branches(self) -> dict[str, str]:
+        """Branch name -> head commit id."""
+
+    @abstractmethod
+    def resolve_ref(self, ref: str) -> str:
+        """Branch, tag or commit id -> commit id. Raises RefNotFoundError."""
+
+    @abstractmethod
+    def get_commit(self, ref: str) -> Commit: ...
+
+    @abstractmethod
+    def log(self, ref: str, limit: int = 100) -> list[Commit]:
+        """Commits reachable from ``ref``, newest first."""
+
+    # --- objects ---------------------------------------------------------------------------
+    @abstractmethod
+    def put_object(self, branch: str, path: str, data: bytes) -> None:
+        """Stage ``data`` at ``path`` on ``branch`` (uncommitted)."""
+
+    @abstractmethod
+    def put_file(self, branch: str, path: str, local_path: Path) -> None:
+        """Stage a local file at ``path`` on ``branch`` without reading it all into memory."""
+
+    @abstractmethod
+    def delete_object(self, branch: str, path: str) -> None: ...
+
+    @abstractmethod
+    def get_object(self, ref: str, path: str) -> bytes:
+        """Read ``path`` at ``ref`` (a branch includes its uncommitted writes)."""
+
+    @abstractmethod
+    def download(self, ref: str, path: str, dest: Path) -> Path:
+        """Copy ``path`` at ``ref`` to the local file ``dest`` (streamed)."""
+
+    @abstractmethod
+    def list_objects(self, ref: str, prefix: str = "") -> list[ObjectInfo]:
+        """Objects under ``prefix`` at ``ref``, sorted by path."""
+
+    def exists(self, ref: str, path: str) -> bool:
+        return any(o.path == path for o in self.list_objects(ref, prefix=path))
+
+    @abstractmethod
+    def has_uncommitted_changes(self, branch: str) -> bool: ...
+
+    # --- history ---------------------------------------------------------------------------
+    @abstractmethod
+    def commit(self, branch: str, message: str, metadata: dict[str, str] | None = None) -> Commit:
+        """Commit the branch's staged changes. Metadata values must be strings."""
+
+    @abstractmethod
+    def merge(
+        self, source_ref: str, destination_branch: str, message: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> str:
+        """Merge ``source_ref`` into ``destination_branch`` atomically; return the new head.
+
+        Fast-forwards when the destination is an ancestor of the source. Raises
+        MergeConflictError (destination untouched) when both sides changed the same paths.
+        """
+
+    @abstractmethod
+    def create_tag(self, tag: str, ref: str) -> str:
+        """Tag the commit ``ref`` resolves to; raises StoreError if the tag exists."""
+
+    @abstractmethod
+    def list_tags(self) -> dict[str, str]:
+        """Tag -> commit id."""
+
+    @abstractmethod
+    def delete_tag(self, tag: str) -> None: ...
+
+    @abstractmethod
+    def diff(self, left_ref: str, right_ref: str, prefix: str = "") -> list[DiffEntry]:
+        """What changed going from ``left_ref`` to ``right_ref`` (committed state), by path."""
+
+    # --- reading outside the store client ----------------------------------------------------
+    @abstractmethod
+    def pinned_location(self, commit_id: str, path: str) -> StoreLocation:
+        """A location a training worker reads ``path`` from at the immutable ``commit_id``."""
+
+    def ui_link(self, ref: str) -> str | None:
+        """A link to ``ref`` in the backend's web UI, if it has one."""
+        return None
+
+    def describe(self) -> dict[str, str]:
+        """Non-secret facts about this backend for lineage records."""
+        return {"backend": type(self).__name__, "repository": self.repository}
