@@ -90,6 +90,36 @@ def validate_object_path(path: str) -> str:
     return path
 
 
+# lakeFS repository id rule: 3-63 lowercase letters, digits and dashes, starting with a letter
+# or digit.
+_REPOSITORY_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
+
+
+def validate_repository_name(name: str) -> str:
+    """Refuse repository names lakeFS would refuse, with a message naming the rule."""
+    if not isinstance(name, str) or not _REPOSITORY_NAME.match(name):
+        raise StoreError(
+            f"invalid repository name {name!r}: use 3-63 lowercase letters, digits and '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def validate_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
+    """Commit metadata is string -> string on every backend (lakeFS stores only strings)."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise StoreError(f"commit metadata must be a dict of strings, got {type(metadata).__name__}")
+    bad = {k: type(v).__name__ for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)}
+    if bad:
+        raise StoreError(
+            f"commit metadata values must be strings; convert these first (e.g. json.dumps or str): "
+            + ", ".join(f"{k!r} ({t})" for k, t in sorted(bad.items(), key=lambda kv: str(kv[0])))
+        )
+    return dict(metadata)
+
+
 @dataclass
 class StoreLocation:
     """Where a worker can read one object at a pinned commit, without the store's client."""
@@ -163,8 +193,14 @@ class VersionedStore(ABC):
 
     # --- history ---------------------------------------------------------------------------
     @abstractmethod
-    def commit(self, branch: str, message: str, metadata: dict[str, str] | None = None) -> Commit:
-        """Commit the branch's staged changes. Metadata values must be strings."""
+    def commit(
+        self, branch: str, message: str, metadata: dict[str, str] | None = None,
+        allow_empty: bool = False,
+    ) -> Commit:
+        """Commit the branch's staged changes. Metadata values must be strings.
+
+        Like lakeFS, a commit without changes raises StoreError unless ``allow_empty``.
+        """
 
     @abstractmethod
     def merge(

@@ -1,0 +1,1 @@
+"""Test servers and helpers shared by the store and artifact suites."""
