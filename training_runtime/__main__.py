@@ -1,0 +1,80 @@
+"""Entry point: ``torchrun --nproc-per-node=N -m training_runtime --config /abs/config.json``.
+
+Test hook: ``TRAINING_RUNTIME_FAULT_KILL_AT_STEP=RANK:STEP`` makes rank RANK SIGKILL itself after
+optimizer step STEP on the first attempt (to exercise ``torchrun --max-restarts``). It is read only
+here and handed to the trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from .config import ConfigError, RunConfig
+from .distributed import close_distributed, init_distributed
+from .telemetry import LogReporter
+from .trainer import FaultInjection, Trainer
+
+FAULT_ENV = "TRAINING_RUNTIME_FAULT_KILL_AT_STEP"
+
+
+def _fault_from_env() -> FaultInjection | None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    rank, _, step = spec.partition(":")
+    if not (rank.isdigit() and step.isdigit()):
+        raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP', got {spec!r}")
+    return FaultInjection(rank=int(rank), step=int(step))
+
+
+def _load_config(path: str) -> RunConfig:
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"cannot read --config {path}: {e}") from e
+    cfg = RunConfig.from_dict(raw)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg.validate_world_size(world)
+    return cfg
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training_runtime", description=__doc__)
+    parser.add_argument("--config", required=True, help="absolute path of the run's config.json")
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
+    reporter = None
+    if rank == 0 and os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        from .pipes import PipesReporter
+
+        reporter = PipesReporter()
+    try:
+        cfg = _load_config(args.config)  # validated before any process group or data access
+        fault = _fault_from_env()
+        info = init_distributed()
+        try:
+            Trainer(cfg, info, reporter or LogReporter(), fault).run()
+        finally:
+            close_distributed()
+    except Exception as e:
+        if reporter is not None:
+            reporter.error(f"training failed: {type(e).__name__}: {e}")
+        raise
+    finally:
+        if reporter is not None:
+            reporter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Atomic checkpoints with a sha256 manifest, keep-last-K, optional background writes, and resume
+from the newest valid checkpoint.
+
+Layout: ``<dir>/step_000000050/{state.pt, manifest.json}``. A checkpoint is written into a hidden
+temporary directory (each file fsynced), then renamed into place and the parent directory fsynced,
+so a reader sees a whole checkpoint or none. Only rank 0 writes; every rank reads the chosen
+checkpoint, so ``checkpoint.dir`` must be on storage all ranks share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMAT = "training_runtime.checkpoint/v1"
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+
+
+# ---------------------------------------------------------------- atomic file helpers
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """tmp file in the same directory, fsync, rename, fsync the directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_bytes_durable(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------- RNG state
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """RNG states as plain tensors / lists so ``torch.load(weights_only=True)`` reads them back."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def copy_to_cpu(obj: Any) -> Any:
+    """Deep copy with every tensor cloned into host memory, so training may go on mutating the
+    originals while a background thread writes the copy."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+    if isinstance(obj, dict):
+        return {k: copy_to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(copy_to_cpu(v) for v in obj)
+    return obj
+
+
+# ---------------------------------------------------------------- on-disk checkpoints
+def step_dir_name(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of completed checkpoint directories, newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
+            out.append((int(p.name[5:]), p))
+    return sorted(out, reverse=True)
+
+
+def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any]) -> Path:
+    """Write ``state`` as checkpoint ``step`` atomically; returns its directory."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}-{threading.get_ident()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    write_bytes_durable(tmp / STATE_FILE, data)
+    manifest = {"format": FORMAT, "step": step, "created_unix": time.time(),
+                "files": {STATE_FILE: {"sha256": hashlib.sha256(data).hexdigest(), "num_bytes": len(data)}}}
+    write_bytes_durable(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
+    fsync_dir(tmp)
+    if final.exists():  # the same step saved again after a restart: replace it
+        trash = root / f".trash-{final.name}-{os.getpid()}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    return final
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise ValueError with the reason when the checkpoint's files do not match its manifest."""
+    mpath = path / MANIFEST_FILE
+    if not mpath.is_file():
+        raise ValueError(f"{MANIFEST_FILE} missing")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{MANIFEST_FILE} unreadable: {e}") from e
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"format {manifest.get('format')!r} != {FORMAT!r}")
+    for name, meta in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise ValueError(f"{name} missing")
+        if f.stat().st_size != meta["num_bytes"]:
+            raise ValueError(f"{name} has {f.stat().st_size} bytes, manifest says {meta['num_bytes']}")
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while block := fh.read(8 << 20):
+                h.update(block)
+        if h.hexdigest() != meta["sha256"]:
+            raise ValueError(f"{name} sha256 {h.hexdigest()} != manifest {meta['sha256']}")
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def find_latest_valid(root: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+    """Newest checkpoint that verifies and loads; corrupt ones are skipped with a logged reason."""
+    for step, path in list_checkpoints(root):
+        try:
+            verify_checkpoint(path)
+            state = load_state(path)
+        except Exception as e:  # any unreadable checkpoint is skipped, the reason is logged
+            log.warning("skipping corrupt checkpoint %s: %s", path, e)
+            continue
+        if state.get("step") != step:
+            log.warning("skipping checkpoint %s: it holds step %s", path, state.get("step"))
+            continue
+        return path, state
+    return None
+
+
+def prune(root: str | os.PathLike, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoints and stale temporary directories."""
+    root = Path(root)
+    removed = []
+    for _, path in list_checkpoints(root)[keep_last:]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def remove_stale_temporaries(root: str | os.PathLike) -> None:
+    root = Path(root)
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith((".tmp-", ".trash-")):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+class CheckpointWriter:
+    """Rank 0's writer. In async mode the (already host-copied) state is written by one background
+    thread; a new save first waits for the previous write. Errors surface on the next call."""
+
+    def __init__(self, root: str, keep_last: int, async_save: bool):
+        self.root = root
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_path: Path | None = None
+
+    def _write(self, step: int, state: dict[str, Any]) -> None:
+        try:
+            self.last_path = write_checkpoint(self.root, step, state)
+            prune(self.root, self.keep_last)
+        except BaseException as e:
+            self._error = e
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        self.wait()
+        if self.async_save:
+            self._thread = threading.Thread(target=self._write, args=(step, state),
+                                            name=f"ckpt-writer-{step}", daemon=False)
+            self._thread.start()
+        else:
+            self._write(step, state)
+            self._raise()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint to {self.root} failed: {e}") from e

@@ -1,0 +1,302 @@
+"""Typed run configuration. ``RunConfig.from_dict`` validates everything before any training starts
+and every error names the field to change."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+SHARD_FORMAT = "model-factory.shards/v1"
+BUILTIN_MODELS = ("mlp", "cnn", "transformer")
+OPTIMIZERS = ("adamw", "sgd")
+LR_SCHEDULES = ("cosine", "constant", "linear_warmup_cosine")
+SHARDINGS = ("ddp", "fsdp")
+PRECISIONS = ("fp32", "bf16")
+
+
+class ConfigError(ValueError):
+    """An invalid run configuration; the message names the field and the fix."""
+
+
+def _doc(text: str, **kwargs: Any) -> Any:
+    return field(metadata={"description": text}, **kwargs)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = _doc(
+        "Registered model ('mlp', 'cnn', 'transformer') or an import path 'pkg.module:factory' "
+        "whose factory takes (input_shape, num_classes, **kwargs) and returns an nn.Module."
+    )
+    kwargs: dict[str, Any] = _doc("Keyword arguments passed to the model builder.", default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    commit_id: str = _doc("Dataset-store commit the shards were read at (recorded for lineage).")
+    manifest: dict[str, Any] = _doc("The shard manifest (format model-factory.shards/v1).")
+    locations: dict[str, str] = _doc(
+        "Where each manifest shard path lives: 'file:///abs/path' or 's3://bucket/key'."
+    )
+    s3_endpoint_url: str | None = _doc(
+        "S3 endpoint for s3:// locations (None: AWS default). Credentials come only from AWS_* "
+        "environment variables.",
+        default=None,
+    )
+    cache_dir: str | None = _doc(
+        "Local directory where s3:// shards are cached, keyed by sha256 (None: "
+        "<checkpoint.dir>/../shard_cache).",
+        default=None,
+    )
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    epochs: int = _doc("Passes over the training split.", default=5)
+    batch_size: int = _doc(
+        "Global batch size per optimizer step, summed over all ranks and accumulation steps; "
+        "must be divisible by world_size * grad_accum_steps.",
+        default=64,
+    )
+    lr: float = _doc("Peak learning rate.", default=0.01)
+    optimizer: str = _doc("'adamw' or 'sgd' (momentum 0.9).", default="adamw")
+    weight_decay: float = _doc("Decoupled (AdamW) or L2 (SGD) weight decay.", default=0.0)
+    lr_schedule: str = _doc("'cosine', 'constant' or 'linear_warmup_cosine'.", default="cosine")
+    warmup_steps: int = _doc("Linear warmup steps (used by linear_warmup_cosine).", default=0)
+    grad_accum_steps: int = _doc("Micro-batches accumulated per optimizer step on each rank.", default=1)
+    seed: int = _doc("Seed for model init, shuffling and dropout.", default=0)
+    max_steps: int | None = _doc("Stop after this many optimizer steps (None: run all epochs).", default=None)
+    sharding: str = _doc("'ddp' (replicated) or 'fsdp' (FSDP2 fully_shard).", default="ddp")
+    precision: str = _doc("'fp32' or 'bf16' (autocast; bf16 is meant for CUDA).", default="fp32")
+    num_workers: int = _doc("Background loader threads gathering batches.", default=1)
+    prefetch_batches: int = _doc("Batches prepared ahead of the training step.", default=4)
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    dir: str = _doc("Absolute directory for checkpoints; must be shared by all ranks.")
+    every_steps: int = _doc("Save every N optimizer steps (and always at the end).", default=50)
+    keep_last: int = _doc("Number of newest checkpoints kept.", default=3)
+    async_save: bool = _doc(
+        "Copy state to host memory synchronously, write it in a background thread.", default=False
+    )
+
+
+@dataclass(kw_only=True)
+class TelemetryConfig:
+    every_steps: int = _doc(
+        "Record loss/lr history and report telemetry every N optimizer steps.", default=10
+    )
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    model: ModelConfig = _doc("Which model to train.")
+    data: DataConfig = _doc("The versioned shards to train on.")
+    train: TrainConfig = _doc("Optimisation settings.", default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = _doc("Checkpointing settings.")
+    output_dir: str = _doc("Absolute directory where rank 0 writes weights.pt, metrics.json, ...")
+    telemetry: TelemetryConfig = _doc("Telemetry settings.", default_factory=TelemetryConfig)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        cfg = _build(cls, d, "")
+        cfg.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> None:
+        m = self.model
+        _check_model_name(m.name)
+        if not isinstance(m.kwargs, dict):
+            raise ConfigError("model.kwargs must be an object of keyword arguments")
+        validate_manifest(self.data.manifest, "data.manifest")
+        _check_locations(self.data.manifest, self.data.locations, ["train"], "data.locations")
+        t = self.train
+        for name in ("epochs", "batch_size", "grad_accum_steps", "num_workers", "prefetch_batches"):
+            if getattr(t, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(t, name)}")
+        if t.max_steps is not None and t.max_steps < 1:
+            raise ConfigError(f"train.max_steps must be >= 1 or null, got {t.max_steps}")
+        if t.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
+        if not (t.lr > 0 and math.isfinite(t.lr)):
+            raise ConfigError(f"train.lr must be a positive finite number, got {t.lr}")
+        if t.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay must be >= 0, got {t.weight_decay}")
+        _check_choice("train.optimizer", t.optimizer, OPTIMIZERS)
+        _check_choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
+        _check_choice("train.sharding", t.sharding, SHARDINGS)
+        _check_choice("train.precision", t.precision, PRECISIONS)
+        c = self.checkpoint
+        if not os.path.isabs(c.dir):
+            raise ConfigError(f"checkpoint.dir must be an absolute path, got {c.dir!r}")
+        if c.every_steps < 1:
+            raise ConfigError(f"checkpoint.every_steps must be >= 1, got {c.every_steps}")
+        if c.keep_last < 1:
+            raise ConfigError(f"checkpoint.keep_last must be >= 1, got {c.keep_last}")
+        if not os.path.isabs(self.output_dir):
+            raise ConfigError(f"output_dir must be an absolute path, got {self.output_dir!r}")
+        if self.data.cache_dir is not None and not os.path.isabs(self.data.cache_dir):
+            raise ConfigError(f"data.cache_dir must be an absolute path, got {self.data.cache_dir!r}")
+        if self.telemetry.every_steps < 1:
+            raise ConfigError(f"telemetry.every_steps must be >= 1, got {self.telemetry.every_steps}")
+
+    def validate_world_size(self, world_size: int) -> None:
+        """Fail before training when the run cannot be split over ``world_size`` ranks."""
+        t = self.train
+        per_step = world_size * t.grad_accum_steps
+        if t.batch_size % per_step:
+            raise ConfigError(
+                f"train.batch_size={t.batch_size} is not divisible by world_size ({world_size}) x "
+                f"train.grad_accum_steps ({t.grad_accum_steps}) = {per_step}; choose a multiple of "
+                f"{per_step} or change the number of ranks"
+            )
+        n = self.data.manifest["splits"]["train"]["num_samples"]
+        if world_size > n:
+            raise ConfigError(
+                f"world_size {world_size} exceeds the {n} training samples in data.manifest; "
+                "use fewer ranks (--nproc-per-node / nodes)"
+            )
+
+    def cache_dir(self) -> str:
+        if self.data.cache_dir is not None:
+            return self.data.cache_dir
+        return os.path.join(os.path.dirname(os.path.normpath(self.checkpoint.dir)), "shard_cache")
+
+
+# -------------------------------------------------------------------- helpers
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _check_model_name(name: str) -> None:
+    if name in BUILTIN_MODELS:
+        return
+    if ":" not in name:
+        raise ConfigError(
+            f"model.name {name!r} is unknown; use one of {list(BUILTIN_MODELS)} or an import path "
+            "'pkg.module:factory'"
+        )
+    module, _, attr = name.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"model.name {name!r}: cannot import module {module!r} ({e}); "
+                          "check the import path and that the package is installed") from e
+    if not callable(getattr(mod, attr, None)):
+        raise ConfigError(f"model.name {name!r}: module {module!r} has no callable {attr!r}")
+
+
+def validate_manifest(man: Any, where: str = "manifest") -> None:
+    """Check the manifest's shape and internal consistency (sizes, counts, dtypes)."""
+    if not isinstance(man, dict):
+        raise ConfigError(f"{where} must be an object, got {type(man).__name__}")
+    if man.get("format") != SHARD_FORMAT:
+        raise ConfigError(f"{where}.format must be {SHARD_FORMAT!r}, got {man.get('format')!r}")
+    fs = man.get("feature_shape")
+    if not (isinstance(fs, list) and fs and all(isinstance(x, int) and x > 0 for x in fs)):
+        raise ConfigError(f"{where}.feature_shape must be a non-empty list of positive ints, got {fs!r}")
+    if man.get("feature_dtype") != "float32":
+        raise ConfigError(f"{where}.feature_dtype must be 'float32', got {man.get('feature_dtype')!r}")
+    if man.get("label_dtype") != "int64":
+        raise ConfigError(f"{where}.label_dtype must be 'int64', got {man.get('label_dtype')!r}")
+    nc = man.get("num_classes")
+    if not (isinstance(nc, int) and nc >= 2):
+        raise ConfigError(f"{where}.num_classes must be an int >= 2, got {nc!r}")
+    names = man.get("class_names")
+    if names is not None and (not isinstance(names, list) or len(names) != nc):
+        raise ConfigError(f"{where}.class_names must list num_classes ({nc}) names")
+    splits = man.get("splits")
+    if not isinstance(splits, dict) or "train" not in splits:
+        raise ConfigError(f"{where}.splits must be an object with at least a 'train' split")
+    sample_bytes = math.prod(fs) * 4 + 8
+    for split, spec in splits.items():
+        sw = f"{where}.splits.{split}"
+        shards = spec.get("shards") if isinstance(spec, dict) else None
+        if not isinstance(shards, list) or not shards:
+            raise ConfigError(f"{sw}.shards must be a non-empty list")
+        total = 0
+        for i, s in enumerate(shards):
+            for key in ("path", "num_samples", "sha256", "num_bytes"):
+                if key not in s:
+                    raise ConfigError(f"{sw}.shards[{i}] lacks {key!r}")
+            if not (isinstance(s["num_samples"], int) and s["num_samples"] > 0):
+                raise ConfigError(f"{sw}.shards[{i}].num_samples must be a positive int")
+            if s["num_bytes"] != s["num_samples"] * sample_bytes:
+                raise ConfigError(
+                    f"{sw}.shards[{i}].num_bytes is {s['num_bytes']} but {s['num_samples']} samples of "
+                    f"feature_shape {fs} float32 + int64 label take {s['num_samples'] * sample_bytes}"
+                )
+            total += s["num_samples"]
+        if spec.get("num_samples") != total:
+            raise ConfigError(f"{sw}.num_samples is {spec.get('num_samples')} but its shards hold {total}")
+
+
+def _check_locations(man: dict, locations: Any, splits: list[str], where: str) -> None:
+    if not isinstance(locations, dict):
+        raise ConfigError(f"{where} must map shard paths to URLs")
+    for split in splits:
+        if split not in man["splits"]:
+            raise ConfigError(f"manifest has no split {split!r}; it has {sorted(man['splits'])}")
+        for s in man["splits"][split]["shards"]:
+            url = locations.get(s["path"])
+            if url is None:
+                raise ConfigError(f"{where} has no location for shard {s['path']!r} (split {split!r})")
+            if not (url.startswith("file:///") or url.startswith("s3://")):
+                raise ConfigError(f"{where}[{s['path']!r}] must be 'file:///abs/path' or 's3://bucket/key', got {url!r}")
+
+
+def _build(cls: type, d: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be an object, got {type(d).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]!r} in {where}; allowed keys: {sorted(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        path = f"{prefix}{name}"
+        if name not in d:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"missing required key {path!r}")
+            continue
+        kwargs[name] = _coerce(f.type, d[name], path)
+    return cls(**kwargs)
+
+
+_NESTED = {"ModelConfig": ModelConfig, "DataConfig": DataConfig, "TrainConfig": TrainConfig,
+           "CheckpointConfig": CheckpointConfig, "TelemetryConfig": TelemetryConfig}
+
+
+def _coerce(type_str: str, value: Any, path: str) -> Any:
+    t = str(type_str)
+    if t in _NESTED:
+        return _build(_NESTED[t], value, path + ".")
+    optional = t.endswith("| None")
+    base = t.removesuffix(" | None")
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{path} must not be null")
+    ok = {
+        "str": isinstance(value, str),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "dict[str, Any]": isinstance(value, dict),
+        "dict[str, str]": isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()),
+    }[base]
+    if not ok:
+        raise ConfigError(f"{path} must be {base}, got {type(value).__name__} {value!r}")
+    return float(value) if base == "float" else value

@@ -1,0 +1,243 @@
+"""Shard data path: locate and verify shards, memory-map them, partition samples over ranks with
+DistributedSampler semantics and gather whole batches in background threads."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import queue
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class DataError(RuntimeError):
+    """A shard is missing, corrupt or unreadable; the message names the shard and the fix."""
+
+
+# ---------------------------------------------------------------- sampler math
+def epoch_indices(num_samples: int, world_size: int, rank: int, epoch: int, seed: int,
+                  shuffle: bool = True) -> np.ndarray:
+    """This rank's sample indices for one epoch, like ``torch.utils.data.DistributedSampler``
+    (drop_last=False): an epoch-seeded permutation padded by wrapping around to a multiple of
+    ``world_size``, then taken with stride ``world_size`` from ``rank``. Every sample appears at
+    least once per epoch across ranks and all ranks get the same count."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    if shuffle:
+        order = np.random.default_rng([seed, epoch]).permutation(num_samples)
+    else:
+        order = np.arange(num_samples)
+    total = math.ceil(num_samples / world_size) * world_size
+    pad = total - num_samples
+    if pad:
+        order = np.concatenate([order, np.resize(order, pad)])
+    return order[rank:total:world_size]
+
+
+def steps_per_epoch(num_samples: int, world_size: int, global_batch: int) -> int:
+    per_rank = math.ceil(num_samples / world_size)
+    return math.ceil(per_rank / (global_batch // world_size))
+
+
+# ---------------------------------------------------------------- shard access
+def sha256_file(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fetch_s3(url: str, dest: Path, endpoint_url: str | None) -> None:
+    import boto3  # only needed for s3:// locations
+
+    parsed = urllib.parse.urlparse(url)
+    client = boto3.client("s3", endpoint_url=endpoint_url)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(tmp))
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"cannot download shard {url} (endpoint {endpoint_url}): {e}; check the "
+                        "URL in data.locations, data.s3_endpoint_url and the AWS_* credentials") from e
+    os.replace(tmp, dest)
+
+
+def resolve_shards(manifest: dict, locations: dict[str, str], split: str, cache_dir: str | None,
+                   s3_endpoint_url: str | None = None, verify: bool = True) -> list[Path]:
+    """Local paths of the split's shards, downloading s3:// shards into ``cache_dir`` (named by
+    sha256) and checking size and sha256 of each. Raises ``DataError`` naming the shard."""
+    if split not in manifest["splits"]:
+        raise DataError(f"manifest has no split {split!r}; it has {sorted(manifest['splits'])}")
+    paths = []
+    for shard in manifest["splits"][split]["shards"]:
+        url = locations.get(shard["path"])
+        if url is None:
+            raise DataError(f"data.locations has no entry for shard {shard['path']!r}")
+        if url.startswith("file://"):
+            local = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+            if not local.is_file():
+                raise DataError(f"shard {shard['path']!r} is missing: {local} does not exist; "
+                                f"re-materialize the shards or fix data.locations")
+        elif url.startswith("s3://"):
+            if cache_dir is None:
+                raise DataError("data.cache_dir is required for s3:// shards")
+            os.makedirs(cache_dir, exist_ok=True)
+            local = Path(cache_dir) / f"{shard['sha256']}.bin"
+            if not local.is_file():
+                _fetch_s3(url, local, s3_endpoint_url)
+        else:
+            raise DataError(f"unsupported location {url!r} for shard {shard['path']!r}")
+        if verify:
+            size = local.stat().st_size
+            if size != shard["num_bytes"]:
+                raise DataError(f"shard {shard['path']!r} at {url} has {size} bytes, manifest says "
+                                f"{shard['num_bytes']}; the shard does not belong to this manifest")
+            digest = sha256_file(local)
+            if digest != shard["sha256"]:
+                if url.startswith("s3://"):
+                    local.unlink(missing_ok=True)
+                raise DataError(f"checksum mismatch for shard {shard['path']!r} at {url}: sha256 "
+                                f"{digest} != manifest {shard['sha256']}; the shard is corrupt or "
+                                "from another commit; re-materialize the shards")
+        paths.append(local)
+    return paths
+
+
+class SplitData:
+    """One split memory-mapped: features per shard (zero-copy) and all labels in memory."""
+
+    def __init__(self, manifest: dict, paths: list[Path], split: str):
+        self.feature_shape = tuple(manifest["feature_shape"])
+        dim = math.prod(self.feature_shape)
+        shards = manifest["splits"][split]["shards"]
+        self.features: list[np.memmap] = []
+        labels = []
+        for shard, path in zip(shards, paths, strict=True):
+            n = shard["num_samples"]
+            self.features.append(np.memmap(path, dtype="<f4", mode="r", shape=(n, *self.feature_shape)))
+            labels.append(np.memmap(path, dtype="<i8", mode="r", offset=n * dim * 4, shape=(n,)))
+        self.labels = np.ascontiguousarray(np.concatenate(labels)).astype(np.int64, copy=False)
+        counts = np.array([s["num_samples"] for s in shards])
+        self.starts = np.concatenate([[0], np.cumsum(counts)])
+        self.num_samples = int(self.starts[-1])
+        nc = manifest["num_classes"]
+        bad = (self.labels < 0) | (self.labels >= nc)
+        if bad.any():
+            i = int(np.argmax(bad))
+            shard_i = int(np.searchsorted(self.starts, i, side="right") - 1)
+            raise DataError(f"split {split!r} shard {shards[shard_i]['path']!r} holds label "
+                            f"{int(self.labels[i])} outside [0, num_classes={nc})")
+
+    def gather(self, idx: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Features and labels of the given global sample indices, gathered per shard with one
+        fancy-index read each into one contiguous array."""
+        if out is None:
+            out = np.empty((len(idx), *self.feature_shape), dtype=np.float32)
+        shard_of = np.searchsorted(self.starts, idx, side="right") - 1
+        for s in np.unique(shard_of):
+            pos = np.nonzero(shard_of == s)[0]
+            out[pos] = self.features[s][idx[pos] - self.starts[s]]
+        return out, self.labels[idx]
+
+
+# ---------------------------------------------------------------- background loader
+@dataclass
+class Batch:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class _Stop(Exception):
+    pass
+
+
+class PrefetchLoader:
+    """Iterates one epoch of batches for this rank from ``start_step``. ``num_workers`` threads
+    each gather every num_workers-th batch into its own bounded queue; the consumer reads the
+    queues round-robin, so order is deterministic. On CUDA batches land in pinned memory and are
+    copied with ``non_blocking=True``. ``wait_s`` accumulates the time the consumer waited."""
+
+    def __init__(self, data: SplitData, indices: np.ndarray, batch_size: int, start_step: int,
+                 device: torch.device, num_workers: int = 1, prefetch_batches: int = 4):
+        self.data = data
+        self.batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
+        self.start = start_step
+        self.device = device
+        self.pin = device.type == "cuda"
+        self.num_workers = num_workers
+        depth = max(1, math.ceil(prefetch_batches / num_workers))
+        self.queues: list[queue.Queue] = [queue.Queue(maxsize=depth) for _ in range(num_workers)]
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.wait_s = 0.0
+
+    def __len__(self) -> int:
+        return len(self.batches) - self.start
+
+    def _produce(self, w: int) -> None:
+        q = self.queues[w]
+        try:
+            for b in range(self.start + w, len(self.batches), self.num_workers):
+                idx = self.batches[b]
+                if self.pin:
+                    xt = torch.empty((len(idx), *self.data.feature_shape), pin_memory=True)
+                    _, y = self.data.gather(idx, out=xt.numpy())
+                    item = (xt, torch.from_numpy(y).pin_memory())
+                else:
+                    x, y = self.data.gather(idx)
+                    item = (torch.from_numpy(x), torch.from_numpy(y))
+                self._put(q, item)
+        except _Stop:
+            return
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            try:
+                self._put(q, e)
+            except _Stop:
+                pass
+
+    def _put(self, q: queue.Queue, item: object) -> None:
+        while True:
+            if self.stop.is_set():
+                raise _Stop
+            try:
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.threads = [threading.Thread(target=self._produce, args=(w,), daemon=True,
+                                         name=f"shard-loader-{w}") for w in range(self.num_workers)]
+        for t in self.threads:
+            t.start()
+        try:
+            for b in range(self.start, len(self.batches)):
+                t0 = time.perf_counter()
+                item = self.queues[(b - self.start) % self.num_workers].get()
+                if isinstance(item, BaseException):
+                    raise DataError(f"loading batch {b} failed: {item}") from item
+                x, y = item
+                if self.device.type != "cpu":
+                    x = x.to(self.device, non_blocking=True)
+                    y = y.to(self.device, non_blocking=True)
+                self.wait_s += time.perf_counter() - t0
+                yield Batch(x, y)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=5)

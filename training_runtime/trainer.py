@@ -1,0 +1,344 @@
+"""The training loop: data, model, optimizer, schedule, checkpoints, telemetry and outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from . import checkpoint as ckpt
+from .config import ConfigError, RunConfig
+from .data import PrefetchLoader, SplitData, epoch_indices, resolve_shards, steps_per_epoch
+from .distributed import DistInfo, all_gather_object, broadcast_object, raise_if_any_failed, wrap_model
+from .models import build_model
+from .telemetry import LogReporter, Reporter, SystemStats, progress_line
+
+log = logging.getLogger(__name__)
+
+# Settings that may differ between a checkpoint and the run resuming from it.
+_RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches"}
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Test hook: rank ``rank`` SIGKILLs itself right after optimizer step ``step`` on the first
+    attempt (TORCHELASTIC_RESTART_COUNT 0), so a restarted attempt runs through."""
+
+    rank: int
+    step: int
+
+
+def make_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.9, weight_decay=t.weight_decay)
+
+
+def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int, step: int) -> float:
+    """LR factor for optimizer step ``step`` (0-based)."""
+    if warmup_steps and step < warmup_steps and schedule != "cosine":
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    start = warmup_steps if schedule == "linear_warmup_cosine" else 0
+    span = max(1, total_steps - start)
+    progress = min(1.0, (step - start) / span)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def training_fingerprint(config: dict[str, Any]) -> dict[str, Any]:
+    return {"model": config["model"], "commit_id": config["data"]["commit_id"],
+            "manifest": config["data"]["manifest"],
+            "train": {k: v for k, v in config["train"].items() if k not in _RESUMABLE_CHANGES}}
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, info: DistInfo, reporter: Reporter | None = None,
+                 fault: FaultInjection | None = None):
+        self.cfg, self.info, self.fault = cfg, info, fault
+        self.reporter = reporter or LogReporter()
+        t = cfg.train
+        cfg.validate_world_size(info.world_size)
+        man = cfg.data.manifest
+        self.num_samples = man["splits"]["train"]["num_samples"]
+        self.local_batch = t.batch_size // info.world_size
+        self.steps_per_epoch = steps_per_epoch(self.num_samples, info.world_size, t.batch_size)
+        all_steps = t.epochs * self.steps_per_epoch
+        self.total_steps = all_steps if t.max_steps is None else min(t.max_steps, all_steps)
+        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    # ------------------------------------------------------------ setup
+    def _prepare_data(self) -> SplitData:
+        cfg, err = self.cfg, None
+        if self.info.local_rank == 0:  # one rank per node downloads and verifies
+            try:
+                resolve_shards(cfg.data.manifest, cfg.data.locations, "train", cfg.cache_dir(),
+                               cfg.data.s3_endpoint_url, verify=True)
+            except Exception as e:
+                err = e
+        raise_if_any_failed(err, "shard verification")
+        paths = resolve_shards(cfg.data.manifest, cfg.data.locations, "train", cfg.cache_dir(),
+                               cfg.data.s3_endpoint_url, verify=False)
+        return SplitData(cfg.data.manifest, paths, "train")
+
+    def _seed(self, offset: int) -> None:
+        seed = self.cfg.train.seed * 1_000_003 + offset
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+
+    def _build(self) -> None:
+        cfg, info = self.cfg, self.info
+        man = cfg.data.manifest
+        self._seed(0)  # identical initial weights on every rank
+        model = build_model(cfg.model.name, man["feature_shape"], man["num_classes"], **cfg.model.kwargs)
+        self.model = wrap_model(model, cfg.train.sharding, info)
+        self._seed(1 + info.rank)  # per-rank dropout streams
+        self.optimizer = make_optimizer(cfg, self.model)
+        t = cfg.train
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_multiplier(t.lr_schedule, t.warmup_steps, self.total_steps, s))
+
+    # ------------------------------------------------------------ checkpoints
+    def _state_options(self) -> StateDictOptions:
+        return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    def _save(self, step: int) -> float:
+        """Collective. Returns the time training stood still for this save."""
+        t0 = time.perf_counter()
+        model_sd = get_model_state_dict(self.model, options=self._state_options())
+        optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=self._state_options())
+        rngs = all_gather_object(ckpt.rng_state(self.info.device))
+        if self.info.is_main:
+            state = {
+                "step": step, "epoch": step // self.steps_per_epoch,
+                "step_in_epoch": step % self.steps_per_epoch, "world_size": self.info.world_size,
+                "model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
+                "rng": rngs, "config": self.cfg.to_dict(), "history": self._history_state(),
+            }
+            if self.cfg.checkpoint.async_save:
+                state = ckpt.copy_to_cpu(state)
+            self.writer.save(step, state)
+        self.last_saved_step = step
+        return time.perf_counter() - t0
+
+    def _history_state(self) -> dict[str, Any]:
+        return {"loss_history": [list(x) for x in self.loss_history],
+                "lr_history": [list(x) for x in self.lr_history]}
+
+    def _resume(self) -> int | None:
+        """Load the newest valid checkpoint into model/optimizer/scheduler/RNG; returns its step."""
+        root = self.cfg.checkpoint.dir
+        found = None
+        if self.info.is_main:
+            ckpt.remove_stale_temporaries(root)
+            found = ckpt.find_latest_valid(root)
+        path = broadcast_object(None if found is None else str(found[0]))
+        if path is None:
+            return None
+        state = found[1] if self.info.is_main else ckpt.load_state(Path(path))
+        if training_fingerprint(state["config"]) != training_fingerprint(self.cfg.to_dict()):
+            raise ConfigError(
+                f"checkpoint.dir {root} holds checkpoints of a different run ({path}: model, data or "
+                "train settings differ); use a fresh checkpoint.dir or restore the original config")
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=opts)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state["world_size"] == self.info.world_size:
+            ckpt.set_rng_state(state["rng"][self.info.rank], self.info.device)
+        else:
+            log.warning("checkpoint %s was written by %d ranks, this run has %d: RNG streams are "
+                        "reseeded, so the run is not bit-identical to an uninterrupted one",
+                        path, state["world_size"], self.info.world_size)
+        self.loss_history = [tuple(x) for x in state["history"]["loss_history"]]
+        self.lr_history = [tuple(x) for x in state["history"]["lr_history"]]
+        if self.info.is_main:
+            self.reporter.info(f"resumed from checkpoint {path} at step {state['step']}")
+        return int(state["step"])
+
+    # ------------------------------------------------------------ training
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        accum = self.cfg.train.grad_accum_steps
+        chunks = [(cx, cy) for cx, cy in zip(x.tensor_split(accum), y.tensor_split(accum)) if len(cx)]
+        n = len(x)
+        total = torch.zeros((), device=self.info.device)
+        bf16 = self.cfg.train.precision == "bf16"
+        for i, (cx, cy) in enumerate(chunks):
+            last = i == len(chunks) - 1
+            with self._grad_sync(last), torch.autocast(self.info.device.type, dtype=torch.bfloat16,
+                                                       enabled=bf16):
+                loss = F.cross_entropy(self.model(cx), cy) * (len(cx) / n)
+            loss.backward()
+            total += loss.detach().float()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def _grad_sync(self, enabled: bool):
+        if self.cfg.train.sharding == "fsdp":
+            self.model.set_requires_gradient_sync(enabled)
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if enabled else self.model.no_sync()
+
+    def run(self) -> dict[str, Any]:
+        cfg, info = self.cfg, self.info
+        data = self._prepare_data()
+        self._build()
+        self.loss_history: list[tuple[int, float]] = []
+        self.lr_history: list[tuple[int, float]] = []
+        self.writer = ckpt.CheckpointWriter(cfg.checkpoint.dir, cfg.checkpoint.keep_last,
+                                            cfg.checkpoint.async_save)
+        resumed = self._resume()
+        step = resumed or 0
+        self.last_saved_step = resumed
+        stats = SystemStats(info.device) if info.is_main else None
+        progress_every = max(1, math.ceil(self.total_steps / 10))
+        tele_every = cfg.telemetry.every_steps
+        # accumulators for this attempt and for the current reporting interval
+        step_time = wait_time = stall = 0.0
+        i_loss = torch.zeros((), device=info.device)
+        i_steps = 0
+        i_time = i_wait = 0.0
+        i_samples = samples = 0
+        per_rank_step = [0.0] * info.world_size
+        share_all = 0.0
+        last_loss = float("nan")
+        steps_done = 0
+        if info.is_main:
+            self.reporter.info(
+                f"training {cfg.model.name} on {self.num_samples} samples, {info.world_size} rank(s) "
+                f"{info.backend}/{info.device.type}, {self.steps_per_epoch} steps/epoch, "
+                f"{self.total_steps} steps, starting at step {step}")
+        self.model.train()
+        t_start = time.perf_counter()
+        while step < self.total_steps:
+            epoch, in_epoch = divmod(step, self.steps_per_epoch)
+            idx = epoch_indices(self.num_samples, info.world_size, info.rank, epoch, cfg.train.seed)
+            loader = PrefetchLoader(data, idx, self.local_batch, in_epoch, info.device,
+                                    cfg.train.num_workers, cfg.train.prefetch_batches)
+            seen_wait = 0.0
+            t_prev = time.perf_counter()
+            for batch in loader:
+                lr = self.scheduler.get_last_lr()[0]
+                i_loss += self._train_step(batch.x, batch.y)
+                step += 1
+                steps_done += 1
+                n = len(batch.x) * info.world_size
+                samples += n
+                i_samples += n
+                now = time.perf_counter()
+                dt, t_prev = now - t_prev, now
+                i_time += dt
+                step_time += dt
+                i_wait += loader.wait_s - seen_wait
+                seen_wait = loader.wait_s
+                i_steps += 1
+                if self.fault and self.restart_count == 0 and info.rank == self.fault.rank \
+                        and step == self.fault.step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                boundary = step % tele_every == 0 or step % progress_every == 0 or step == self.total_steps
+                if boundary:
+                    d_wait, i_wait = i_wait, 0.0
+                    wait_time += d_wait
+                    red = torch.stack([i_loss, torch.tensor(float(i_steps), device=info.device)])
+                    dist.all_reduce(red)
+                    last_loss = (red[0] / red[1]).item()
+                    ranks = all_gather_object((i_time / i_steps, d_wait, step_time, wait_time))
+                    i_share = sum(r[1] for r in ranks) / max(1e-12, i_steps * sum(r[0] for r in ranks))
+                    per_rank_step = [r[2] / steps_done for r in ranks]
+                    share_all = sum(r[3] for r in ranks) / max(1e-12, sum(r[2] for r in ranks))
+                    sps = i_samples / max(1e-12, i_time)
+                    self.loss_history.append((step, last_loss))
+                    self.lr_history.append((step, lr))
+                    if info.is_main:
+                        if step % progress_every == 0 or step == self.total_steps:
+                            self.reporter.info(progress_line(
+                                epoch=epoch + 1, epochs=cfg.train.epochs, step=step,
+                                total=self.total_steps, loss=last_loss, samples_per_second=sps,
+                                elapsed_s=time.perf_counter() - t_start))
+                        if step % tele_every == 0 or step == self.total_steps:
+                            self.reporter.custom({
+                                "kind": "telemetry", "step": step, "epoch": epoch + 1,
+                                "loss": last_loss, "lr": lr, "samples_per_second": sps,
+                                "data_wait_share": i_share,
+                                "per_rank_step_time_s": [r[0] for r in ranks], **stats.sample()})
+                    i_loss = torch.zeros((), device=info.device)
+                    i_steps, i_time, i_samples = 0, 0.0, 0
+                if step % cfg.checkpoint.every_steps == 0 or step == self.total_steps:
+                    stall += self._save(step)
+                    t_prev = time.perf_counter()  # the stall is reported apart from step time
+                if step >= self.total_steps:
+                    break
+            loader.close()
+        wall = time.perf_counter() - t_start
+        if self.last_saved_step != step:
+            stall += self._save(step)
+        if info.is_main:
+            self.writer.wait()
+        final_sd = get_model_state_dict(self.model, options=self._state_options())
+        metrics = {
+            "final_loss": last_loss if steps_done else self._last_recorded_loss(),
+            "samples_per_second": samples / wall if steps_done else 0.0,
+            "data_wait_share": share_all,
+            "steps": step, "total_steps": self.total_steps, "steps_this_attempt": steps_done,
+            "steps_per_epoch": self.steps_per_epoch,
+            "epochs": round(step / self.steps_per_epoch, 4),
+            "world_size": info.world_size, "backend": info.backend, "device": info.device.type,
+            "sharding": cfg.train.sharding,
+            "loss_history": [list(x) for x in self.loss_history],
+            "lr_history": [list(x) for x in self.lr_history],
+            "per_rank_step_time_s": per_rank_step,
+            "checkpoint_stall_s_total": stall,
+            "resumed_from_step": resumed,
+            "restart_count": self.restart_count,
+            "wall_time_s": wall,
+            "commit_id": cfg.data.commit_id,
+        }
+        if info.is_main:
+            self._write_outputs(final_sd, metrics)
+            stats.close()
+            final = {k: v for k, v in metrics.items() if not k.endswith("_history")}
+            self.reporter.custom({"kind": "final", **final})
+        dist.barrier()
+        return metrics
+
+    def _last_recorded_loss(self) -> float:
+        if not self.loss_history:
+            raise RuntimeError("the run finished without recording a loss; checkpoint.dir holds a "
+                               "finished run with no loss history")
+        return float(self.loss_history[-1][1])
+
+    def _write_outputs(self, model_sd: dict[str, torch.Tensor], metrics: dict[str, Any]) -> None:
+        out = Path(self.cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt.atomic_torch_save(out / "weights.pt", {k: v.detach().cpu() for k, v in model_sd.items()})
+        resolved = self.cfg.to_dict()
+        resolved.update(world_size=self.info.world_size, backend=self.info.backend,
+                        device=self.info.device.type, steps_per_epoch=self.steps_per_epoch,
+                        total_steps=self.total_steps, torch_version=torch.__version__)
+        ckpt.atomic_write_json(out / "resolved_config.json", resolved)
+        ckpt.atomic_write_json(out / "metrics.json", metrics)
+        self.reporter.info(f"wrote weights.pt, resolved_config.json, metrics.json to {out}: "
+                           f"final loss {metrics['final_loss']:.4f}, {metrics['steps']} steps")
