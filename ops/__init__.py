@@ -1,0 +1,1 @@
+"""Ops: the distributed training op, evaluation and registration, store housekeeping."""

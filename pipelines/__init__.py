@@ -1,0 +1,1 @@
+"""Dagster definitions, jobs, schedules, sensors and the command line of the platform."""

@@ -1,0 +1,28 @@
+# Two commands matter: `make demo` (the whole pipeline on embedded defaults) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME ?= $(CURDIR)/dagster_home
+
+.PHONY: install demo test ui bench reliability clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m pipelines demo
+
+test: $(STAMP)
+	$(PY) -m pytest tests -q
+
+ui: $(STAMP)
+	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+clean:
+	rm -rf dagster_home/storage dagster_home/history dagster_home/schedules dagster_home/logs dagster_home/platform dagster_home/.logs_queue dagster_home/.telemetry

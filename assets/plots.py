@@ -1,0 +1,30 @@
+"""Images for the Dagster UI: rendered with matplotlib and embedded as Markdown."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def loss_curve_png(loss_history: list[list[float]], title: str) -> bytes:
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    steps = [p[0] for p in loss_history]
+    ax.plot(steps, [p[1] for p in loss_history], color="#4F43DD", linewidth=1.5)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def markdown_image(png: bytes, alt: str) -> str:
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"

@@ -1,0 +1,138 @@
+"""Reading a pipeline's source files into one frame, refusing what training cannot use.
+
+Great Expectations suites (assets/quality) check the data further; the rules here are the ones
+without which the frame cannot even be stored: files exist, parse, hold the columns and rows.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from assets.spec import PipelineSpec
+
+
+class SourceError(ValueError):
+    """The source data cannot be ingested; the message says what is wrong and how to fix it."""
+
+
+def resolve_source_files(spec: PipelineSpec, sources_root: Path) -> list[Path]:
+    files: list[Path] = []
+    for pattern in spec.source.paths:
+        p = Path(pattern)
+        full = p if p.is_absolute() else sources_root / p
+        matches = sorted(Path(m) for m in glob.glob(str(full)))
+        if not matches:
+            raise SourceError(
+                f"pipeline {spec.name!r}: source {str(full)!r} matches no file; "
+                "put the CSV/Parquet files there or fix the pipeline's source paths"
+            )
+        files.extend(m for m in matches if m.is_file())
+    if not files:
+        raise SourceError(f"pipeline {spec.name!r}: the source paths match only directories, no files")
+    return files
+
+
+def _read_one(path: Path, csv_options: dict) -> pd.DataFrame:
+    suffix = path.suffix.lower()
+    if path.stat().st_size == 0:
+        raise SourceError(f"source file {path.name!r} is empty (0 bytes)")
+    try:
+        if suffix in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        if suffix in (".csv", ".txt"):
+            return pd.read_csv(path, **csv_options)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as exc:
+        raise SourceError(f"source file {path.name!r} cannot be parsed: {type(exc).__name__}: {exc}") from exc
+    raise SourceError(f"source file {path.name!r}: unsupported type {suffix!r}; use .csv or .parquet")
+
+
+def read_source(spec: PipelineSpec, files: list[Path]) -> pd.DataFrame:
+    frames = [_read_one(f, spec.source.csv_options) for f in files]
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def load_frame(spec: PipelineSpec, sources_root: Path) -> tuple[pd.DataFrame, list[dict]]:
+    """The source as one frame plus a description of each file it came from."""
+    if spec.source.loader is not None:
+        frame = spec.source.loader()
+        described = [{"loader": spec.source.describe(), "rows": int(len(frame))}]
+    else:
+        files = resolve_source_files(spec, sources_root)
+        frame = read_source(spec, files)
+        described = [{"file": f.name, "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files]
+    return validate_frame(spec, frame), described
+
+
+def validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
+    """Keep the pipeline's columns in canonical types; refuse frames training cannot use."""
+    if len(frame) == 0:
+        raise SourceError(f"pipeline {spec.name!r}: the source has no rows (header only or empty)")
+    wanted = list(spec.feature_columns) + [spec.label_column] + ([spec.id_column] if spec.id_column else [])
+    missing = [c for c in wanted if c not in frame.columns]
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise SourceError(
+            f"pipeline {spec.name!r}: the source lacks column(s) {shown} "
+            f"(it has {len(frame.columns)} columns: {', '.join(map(str, list(frame.columns)[:8]))}...); "
+            "fix the source or the pipeline's feature/label columns"
+        )
+    out = frame[wanted].copy()
+    features = out[list(spec.feature_columns)]
+    try:
+        numeric = features.apply(pd.to_numeric, errors="raise").astype(np.float64)
+    except (ValueError, TypeError) as exc:
+        bad = [c for c in spec.feature_columns if pd.to_numeric(out[c], errors="coerce").isna().any()
+               and not out[c].isna().all()]
+        raise SourceError(
+            f"pipeline {spec.name!r}: feature column(s) {bad[:5]} hold non-numeric values; "
+            "features must be numbers"
+        ) from exc
+    values = numeric.to_numpy()
+    if not np.isfinite(values).all():
+        cols = [c for c, ok in zip(spec.feature_columns, np.isfinite(values).all(axis=0)) if not ok]
+        raise SourceError(
+            f"pipeline {spec.name!r}: feature column(s) {cols[:5]} hold missing, NaN or infinite values"
+        )
+    out[list(spec.feature_columns)] = numeric.astype(np.float32)
+    labels = out[spec.label_column]
+    if labels.isna().any():
+        raise SourceError(f"pipeline {spec.name!r}: label column {spec.label_column!r} has missing values")
+    labels = labels.map(_label_text)
+    unknown = sorted(set(labels) - set(spec.class_names))
+    if unknown:
+        raise SourceError(
+            f"pipeline {spec.name!r}: label(s) {unknown[:5]} in column {spec.label_column!r} are outside the known "
+            f"classes {list(spec.class_names)}; fix the data or add the class to the pipeline"
+        )
+    out[spec.label_column] = labels.astype(str)
+    if spec.id_column:
+        if out[spec.id_column].isna().any():
+            raise SourceError(f"pipeline {spec.name!r}: id column {spec.id_column!r} has missing values")
+        dupes = out[spec.id_column][out[spec.id_column].duplicated()]
+        if len(dupes):
+            raise SourceError(
+                f"pipeline {spec.name!r}: id column {spec.id_column!r} has {len(dupes)} duplicate id(s), "
+                f"e.g. {dupes.iloc[0]!r}; ids must be unique"
+            )
+        out[spec.id_column] = out[spec.id_column].astype(str)
+    return out.reset_index(drop=True)
+
+
+def _label_text(v) -> str:
+    # 3 and 3.0 and "3" name the same class; CSV readers disagree on which they produce.
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,60 @@
+"""The checkpoint asset's pure parts: the runtime config from a recipe, and figures from results."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from assets.spec import PipelineSpec
+from resources.launch.base import GpuRequest, TrainingJob
+
+
+def shard_locations(store, commit_id: str, prefix: str, manifest: dict) -> dict[str, str]:
+    """Every shard's pinned location at ``commit_id``: workers never read a moving branch."""
+    return {
+        entry["path"]: store.pinned_location(commit_id, prefix + entry["path"]).uri
+        for split in manifest["splits"].values()
+        for entry in split["shards"]
+    }
+
+
+def runtime_config(
+    spec: PipelineSpec, *, manifest: dict, locations: dict[str, str], commit_id: str,
+    checkpoint_dir: Path, output_dir: Path, s3_endpoint_url: str | None = None,
+) -> dict:
+    r = spec.recipe
+    return {
+        "model": {"name": spec.model, "kwargs": dict(spec.model_kwargs)},
+        "data": {"commit_id": commit_id, "manifest": manifest, "locations": locations,
+                 "s3_endpoint_url": s3_endpoint_url},
+        "train": {
+            "epochs": r.epochs, "batch_size": r.batch_size, "lr": r.lr, "optimizer": r.optimizer,
+            "weight_decay": r.weight_decay, "lr_schedule": r.lr_schedule, "warmup_steps": r.warmup_steps,
+            "grad_accum_steps": r.grad_accum_steps, "seed": r.seed, "sharding": r.sharding,
+            "precision": r.precision,
+        },
+        "checkpoint": {"dir": str(checkpoint_dir), "every_steps": r.checkpoint_every_steps,
+                       "keep_last": r.keep_last_checkpoints, "async_save": r.async_checkpoint},
+        "output_dir": str(output_dir),
+    }
+
+
+def training_job(spec: PipelineSpec, run_id: str, config: dict) -> TrainingJob:
+    r = spec.recipe
+    # Kubernetes object names: lowercase alphanumerics and '-', at most 63 characters.
+    name = re.sub(r"[^a-z0-9-]", "-", f"{spec.name}-{run_id[:8]}".lower())[:63].strip("-")
+    return TrainingJob(
+        name=name,
+        config=config,
+        nproc_per_node=r.gpus_per_node or r.world_size,
+        nnodes=r.nnodes,
+        max_restarts=r.max_restarts,
+        gpu=GpuRequest(nodes=r.nnodes, gpus_per_node=r.gpus_per_node, resource_name=r.gpu_resource_name),
+    )
+
+
+def training_figures(metrics: dict) -> dict[str, float | int | None]:
+    """The final numbers Dagster plots across runs."""
+    keys = ("final_loss", "samples_per_second", "data_wait_share", "steps", "epochs", "world_size",
+            "checkpoint_stall_s_total", "resumed_from_step")
+    return {k: metrics.get(k) for k in keys}

@@ -1,0 +1,57 @@
+"""Registering a model version: commit the record and weights, publish to main, tag."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from assets.registry import lineage_path, next_version, version_prefix, version_tag
+from resources.store.base import MAIN, MergeConflictError, StoreError, VersionedStore
+
+
+@dataclass(frozen=True)
+class Registered:
+    version: int
+    commit_id: str
+    main_commit_id: str
+    tag: str
+    branch: str
+
+
+def register_version(
+    store: VersionedStore, branch: str, model: str, record_for: Callable[[int], dict], weights: bytes,
+    metadata: dict[str, str], attempts: int = 5,
+) -> Registered:
+    """Commit version N's files on the run branch, merge it into ``main``, tag that commit.
+
+    N is one past the highest version. Two runs registering at once both write
+    ``models/M/versions/vN/``; the later merge conflicts on that path and leaves ``main``
+    untouched. It then branches again from its last commit before the version files and takes
+    N+1. A conflict on any other path (two runs changed the same data) is a real conflict and
+    fails with the paths.
+    """
+    base_commit = store.resolve_ref(branch)
+    for attempt in range(1, attempts + 1):
+        version = next_version(store, model)
+        prefix = version_prefix(model, version)
+        store.put_object(branch, prefix + "weights.pt", weights)
+        record = record_for(version)
+        store.put_object(branch, lineage_path(model, version), json.dumps(record, indent=2, sort_keys=True).encode())
+        meta = {**metadata, "model_version": str(version)}
+        commit = store.commit(branch, f"Register {model} v{version}", meta)
+        try:
+            main_head = store.merge(branch, MAIN, f"Publish {model} v{version}", meta)
+        except MergeConflictError as exc:
+            if any(not p.startswith(f"models/{model}/versions/") for p in exc.paths) or not exc.paths:
+                raise
+            branch = f"{branch}-r{attempt}"
+            store.create_branch(branch, base_commit, exist_ok=False)
+            continue
+        tag = version_tag(model, version)
+        store.create_tag(tag, commit.id)
+        return Registered(version=version, commit_id=commit.id, main_commit_id=main_head, tag=tag, branch=branch)
+    raise StoreError(
+        f"could not register a version of {model!r}: {attempts} attempts lost the race for a version number; "
+        "retry the run"
+    )

@@ -1,0 +1,103 @@
+"""Evaluate a checkpoint on the held-out test split, apply the quality gate, register a version."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from assets import lineage, training
+from assets.runs import commit_metadata
+from assets.spec import PipelineSpec
+from assets.versions import register_version
+from resources.store.base import VersionedStore
+
+
+@dataclass
+class Outcome:
+    value: dict
+    metadata: dict
+
+
+def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -> tuple[dict, dict, dict, bytes]:
+    """(test metrics, validation metrics, resolved config, weights bytes) read at pinned commits."""
+    from training_runtime.evaluate import evaluate
+
+    manifest = json.loads(store.get_object(shards["commit_id"], shards["manifest_path"]))
+    locations = training.shard_locations(store, shards["commit_id"], shards["prefix"], manifest)
+    endpoint = store.pinned_location(shards["commit_id"], shards["manifest_path"]).s3_endpoint_url
+    ckpt_dir = checkpoint["weights_path"].rsplit("/", 1)[0] + "/"
+    with tempfile.TemporaryDirectory(prefix="evaluate-") as tmp:
+        out = Path(tmp)
+        for name in ("weights.pt", "resolved_config.json"):
+            store.download(checkpoint["commit_id"], ckpt_dir + name, out / name)
+        weights = (out / "weights.pt").read_bytes()
+        test = evaluate(out, manifest, locations, split="test", s3_endpoint_url=endpoint)
+        val = evaluate(out, manifest, locations, split="validation", s3_endpoint_url=endpoint)
+        resolved = json.loads((out / "resolved_config.json").read_text())
+    return test, val, resolved, weights
+
+
+def evaluate_and_register(
+    context: dg.AssetExecutionContext, spec: PipelineSpec, store: VersionedStore, branch: str,
+    checkpoint: dict, shards: dict, raw: dict, run_url: str,
+) -> Outcome:
+    test, val, resolved, weights = evaluate_checkpoint(store, checkpoint, shards)
+    metrics = json.loads(store.get_object(checkpoint["commit_id"], checkpoint["weights_path"].replace("weights.pt", "metrics.json")))
+    failures = spec.gate.failures(test)
+    gate = {"passed": not failures, "failures": failures, "min_test_accuracy": spec.gate.min_test_accuracy,
+            "max_test_loss": spec.gate.max_test_loss}
+    evaluation = {"test": test, "validation": val}
+
+    def record_for(version: int) -> dict:
+        return lineage.build_lineage_record(
+            model=spec.name, version=version, checkpoint=checkpoint, shards=shards, raw=raw,
+            store_facts=store.describe(), resolved_config=resolved, metrics=metrics, evaluation=evaluation,
+            gate=gate, run_id=context.run_id, run_url=run_url,
+            links={k: v for k, v in {"raw": store.ui_link(raw["commit_id"]),
+                                     "shards": store.ui_link(shards["commit_id"])}.items() if v})
+
+    meta = commit_metadata(context, run_url, quality_gate=gate, test_accuracy=f"{test['accuracy']:.6f}")
+    if failures:
+        # Keep the evidence on the run branch for inspection; main is untouched.
+        store.put_object(branch, f"models/{spec.name}/candidates/{context.run_id}/evaluation.json",
+                         json.dumps({"evaluation": evaluation, "gate": gate}, indent=2, sort_keys=True).encode())
+        store.commit(branch, f"Candidate {spec.name} failed its quality gate", meta)
+        raise dg.Failure(
+            description=f"model {spec.name!r} failed its quality gate: {'; '.join(failures)}. "
+                        f"Nothing was published; the run branch {branch!r} keeps the evaluation.",
+            metadata={"test_accuracy": test["accuracy"], "branch": branch},
+        )
+    reg = register_version(store, branch, spec.name, record_for, weights, meta)
+    value = {"model": spec.name, "version": reg.version, "tag": reg.tag, "commit_id": reg.commit_id,
+             "main_commit_id": reg.main_commit_id}
+    metadata = {
+        "version": reg.version, "tag": reg.tag, "commit_id": reg.commit_id,
+        "test_accuracy": test["accuracy"], "test_loss": test["loss"], "validation_accuracy": val["accuracy"],
+        "quality_gate": "passed",
+        "lineage": dg.MetadataValue.md(lineage_table(record_for(reg.version) | {"version_commit": reg.commit_id})),
+    }
+    return Outcome(value=value, metadata=metadata)
+
+
+def lineage_table(record: dict) -> str:
+    """The lineage record as a Markdown table for the UI."""
+    rows = [
+        ("model", f"{record['model']} v{record['version']}"),
+        ("raw data commit", record["data"]["raw_commit"]),
+        ("shards commit", record["data"]["shards_commit"]),
+        ("checkpoint", f"{record['checkpoint']['uri']} (sha256 {record['checkpoint']['sha256'][:16]}…)"),
+        ("code", f"{record['code'].get('git_sha')} (dirty: {record['code'].get('dirty')})"),
+        ("python / torch", f"{record['environment']['python']} / {record['environment']['torch']}"),
+        ("seed / world size / backend", f"{record['training']['seed']} / {record['training']['world_size']} / "
+                                         f"{record['training']['backend']}"),
+        ("test accuracy", f"{record['evaluation']['test']['accuracy']:.4f}"),
+        ("final training loss", str(record["training_figures"].get("final_loss"))),
+        ("dagster run", record["dagster"]["run_id"]),
+    ]
+    for k, v in record.get("links", {}).items():
+        rows.append((f"{k} in lakeFS", f"[{v}]({v})"))
+    return "| field | value |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
