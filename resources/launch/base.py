@@ -26,6 +26,9 @@ class GpuRequest:
     memory: str = "8Gi"
     shm_size: str = "2Gi"
     priority_class: str | None = None
+    # NCCL_* / TORCH_NCCL_* settings for this job's pods (e.g. NCCL_SOCKET_IFNAME, NCCL_IB_HCA);
+    # they differ per cluster fabric, so they travel with the request, not with the image.
+    nccl_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,172 @@
+"""The small I/O part: submit one launch's manifests, watch them, delete them in `finally`.
+
+Everything it decides (is a request feasible, why is a pod Pending, did the Job fail) is a pure
+function in `feasibility.py`; this module only calls the API and sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+from kubernetes.client import BatchV1Api, CoreV1Api, V1Node, V1Pod
+from kubernetes.client.exceptions import ApiException
+
+from resources.k8s.feasibility import (
+    PodStuckPending,
+    failure_summary,
+    job_outcome,
+    pending_reason,
+    pods_not_started,
+    terminal_waiting_reason,
+)
+from resources.k8s.manifests import INDEX_ANNOTATION, JOB_LABEL
+
+log = logging.getLogger(__name__)
+
+
+class TrainingJobFailed(RuntimeError):
+    """The training Job ended in the Failed condition."""
+
+
+class TrainingJobClient:
+    def __init__(
+        self,
+        batch_api: BatchV1Api,
+        core_api: CoreV1Api,
+        *,
+        poll_interval_s: float = 5.0,
+        pending_timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.batch_api = batch_api
+        self.core_api = core_api
+        self.poll_interval_s = poll_interval_s
+        self.pending_timeout_s = pending_timeout_s
+        self._clock = clock
+        self._sleep = sleep
+
+    def list_nodes(self) -> list[V1Node]:
+        try:
+            return list(self.core_api.list_node().items)
+        except ApiException as exc:
+            if exc.status == 403:
+                raise PermissionError(
+                    "listing nodes is forbidden for this service account, so the GPU "
+                    "feasibility check cannot run: install helm/model-factory with "
+                    "rbac.nodeReader.enabled=true, or set check_feasibility=False on "
+                    "KubernetesTrainingLauncher."
+                ) from exc
+            raise
+
+    @contextmanager
+    def launched(self, manifests: Sequence[dict[str, Any]]) -> Iterator[str]:
+        """Create the Job (then the Service, owned by it); always delete both on exit.
+
+        Exiting covers success, failure, a raised timeout and a cancelled run (Dagster raises
+        in the step process on termination), so nothing is left running; the Job's
+        ttlSecondsAfterFinished and the Service's owner reference cover a killed step pod."""
+        job = manifests[0]
+        name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+        created = self.batch_api.create_namespaced_job(namespace, job)
+        services: list[str] = []
+        try:
+            for service in manifests[1:]:
+                service["metadata"]["ownerReferences"] = [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": created.metadata.uid,
+                        "controller": False,
+                        "blockOwnerDeletion": False,
+                    }
+                ]
+                self.core_api.create_namespaced_service(namespace, service)
+                services.append(service["metadata"]["name"])
+            yield name
+        finally:
+            self.delete(name, namespace, services)
+
+    def delete(self, name: str, namespace: str, services: Sequence[str] = ()) -> None:
+        for service in services:
+            self._delete_ignoring_absent(self.core_api.delete_namespaced_service, service, namespace)
+        # Background propagation deletes the pods too (the default for Jobs orphans them).
+        self._delete_ignoring_absent(
+            self.batch_api.delete_namespaced_job, name, namespace, propagation_policy="Background"
+        )
+
+    @staticmethod
+    def _delete_ignoring_absent(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except ApiException as exc:
+            # 404: already gone (TTL controller or garbage collector was first); nothing to do.
+            if exc.status != 404:
+                raise
+
+    def pods(self, name: str, namespace: str) -> list[V1Pod]:
+        return list(
+            self.core_api.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}").items
+        )
+
+    def wait_started(self, name: str, namespace: str, nodes: int) -> list[V1Pod]:
+        """Block until every pod of the Job has left Pending; raise with the scheduler's reason
+        if one is still Pending after `pending_timeout_s` (or can never start)."""
+        deadline = self._clock() + self.pending_timeout_s
+        while True:
+            pods = self.pods(name, namespace)
+            outcome = job_outcome(self.batch_api.read_namespaced_job_status(name, namespace).status)
+            if outcome != "running":
+                return pods
+            pending = pods_not_started(pods)
+            for pod in pending:
+                reason = terminal_waiting_reason(pod)
+                if reason:
+                    raise PodStuckPending(f"pod {pod.metadata.name} cannot start: {reason}")
+            if len(pods) >= nodes and not pending:
+                return pods
+            if self._clock() >= deadline:
+                stuck = pending or pods
+                details = "\n".join(
+                    f"  {p.metadata.name}: {pending_reason(p, self._events(p, namespace))}"
+                    for p in stuck
+                ) or f"  the Job controller created {len(pods)} of {nodes} pods"
+                raise PodStuckPending(
+                    f"training Job {name} still has pods Pending after "
+                    f"{self.pending_timeout_s:.0f}s:\n{details}\nFix: free or add capacity for "
+                    "the request (see the reason), or raise pending_timeout_s on "
+                    "KubernetesTrainingLauncher if the cluster autoscaler needs longer."
+                )
+            self._sleep(self.poll_interval_s)
+
+    def _events(self, pod: V1Pod, namespace: str) -> list[Any]:
+        return list(
+            self.core_api.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={pod.metadata.name}"
+            ).items
+        )
+
+    @staticmethod
+    def pod_for_index(pods: Sequence[V1Pod], index: int) -> V1Pod:
+        for pod in pods:
+            if (pod.metadata.annotations or {}).get(INDEX_ANNOTATION) == str(index):
+                return pod
+        raise LookupError(f"no pod with completion index {index} among {len(pods)} pods")
+
+    def wait_finished(self, name: str, namespace: str) -> None:
+        """Block until the Job is Complete; raise TrainingJobFailed with each pod's exit."""
+        while True:
+            status = self.batch_api.read_namespaced_job_status(name, namespace).status
+            outcome = job_outcome(status)
+            if outcome == "succeeded":
+                return
+            if outcome == "failed":
+                raise TrainingJobFailed(
+                    f"training Job {name} failed:\n"
+                    + failure_summary(status, self.pods(name, namespace))
+                )
+            self._sleep(self.poll_interval_s)

@@ -1,0 +1,172 @@
+"""KubernetesTrainingLauncher: the TrainingLauncher that runs `torchrun` in GPU pods.
+
+One node or several, a launch is one Indexed Job (plus a headless Service for several). Rank 0
+always lives in pod 0; its logs carry the Dagster Pipes messages, read with dagster-k8s's
+`PipesK8sPodLogsMessageReader`. We do not use `PipesK8sClient.run` itself: it creates a bare
+Pod (no TTL, no owner for a Service), and waits up to five hours for a Pending pod, where we
+need the scheduler's reason after a configurable time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster import PipesEnvContextInjector, open_pipes_session
+from dagster_k8s import PipesK8sPodLogsMessageReader
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from pydantic import Field
+
+from resources.k8s.client import TrainingJobClient
+from resources.k8s.feasibility import check_feasibility
+from resources.k8s.manifests import (
+    PodSettings,
+    build_manifests,
+    check_paths_on_shared_volume,
+    config_json,
+    config_path,
+    validate_job,
+)
+from resources.k8s.step_config import s3_secret_env
+from resources.launch.base import TrainingJob, TrainingLauncher
+
+
+def run_training_job(
+    context: dg.AssetExecutionContext | dg.OpExecutionContext,
+    client: TrainingJobClient,
+    job: TrainingJob,
+    settings: PodSettings,
+    *,
+    check_nodes: bool = True,
+) -> dg.PipesClientCompletedInvocation:
+    """Validate, check feasibility, write the config, run the Job under a Pipes session."""
+    validate_job(job)
+    check_paths_on_shared_volume(job.config, settings)
+    if check_nodes:
+        fitting = check_feasibility(job.gpu, client.list_nodes())
+        context.log.info(f"{len(fitting)} node(s) can hold a pod of {job.name}")
+    path = Path(config_path(job, settings))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written through the step pod's mount of the same PVC the training pods mount.
+    path.write_text(config_json(job.config))
+    reader = PipesK8sPodLogsMessageReader()
+    namespace = settings.namespace
+    with open_pipes_session(
+        context=context,
+        context_injector=PipesEnvContextInjector(),
+        message_reader=reader,
+        extras={"training_job": job.name, "nnodes": job.nnodes},
+    ) as session:
+        manifests = build_manifests(job, settings, session.get_bootstrap_env_vars())
+        with client.launched(manifests) as name:
+            context.log.info(
+                f"launched Job {namespace}/{name}: {job.nnodes} pod(s) x "
+                f"{job.nproc_per_node} process(es)"
+            )
+            pods = client.wait_started(name, namespace, job.nnodes)
+            rank0 = client.pod_for_index(pods, 0)
+            # Follows pod 0's log until its container exits; Pipes lines become events,
+            # everything else goes to this step's stdout (and the compute log).
+            reader.consume_pod_logs(
+                context=context,
+                core_api=client.core_api,
+                pod_name=rank0.metadata.name,
+                namespace=namespace,
+            )
+            client.wait_finished(name, namespace)
+    return dg.PipesClientCompletedInvocation(session)
+
+
+class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
+    """Runs training as an Indexed Job of GPU pods in the training namespace."""
+
+    namespace: str = Field(description="Training namespace (helm/model-factory creates it).")
+    image: str = Field(description="Training image (helm/images/training.Dockerfile).")
+    service_account: str = Field(
+        default="model-factory-training",
+        description="Service account of the training pods (no API permissions).",
+    )
+    shared_claim: str = Field(
+        default="model-factory-shared",
+        description="ReadWriteMany PVC for configs, checkpoints and outputs.",
+    )
+    shared_mount_path: str = Field(
+        default="/mnt/model-factory",
+        description="Mount path of the shared PVC, identical in step and training pods.",
+    )
+    s3_secret: str | None = Field(
+        default=None, description="Secret with AWS_* keys for s3:// data (by name only)."
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    cluster_domain: str = Field(default="cluster.local")
+    pending_timeout_s: float = Field(
+        default=600.0, description="Fail when a pod is still Pending after this many seconds."
+    )
+    poll_interval_s: float = Field(default=5.0)
+    ttl_seconds_after_finished: int = Field(default=3600)
+    check_feasibility: bool = Field(
+        default=True, description="List nodes and fail at once if the GPU request cannot fit."
+    )
+    load_incluster_config: bool = Field(
+        default=True, description="False: use kubeconfig_file (or ~/.kube/config)."
+    )
+    kubeconfig_file: str | None = None
+
+    def pod_settings(self) -> PodSettings:
+        return PodSettings(
+            namespace=self.namespace,
+            image=self.image,
+            service_account=self.service_account,
+            shared_claim=self.shared_claim,
+            shared_mount_path=self.shared_mount_path,
+            secret_env=s3_secret_env(self.s3_secret) if self.s3_secret else (),
+            image_pull_secrets=tuple(self.image_pull_secrets),
+            cluster_domain=self.cluster_domain,
+            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+        )
+
+    def _client(self) -> TrainingJobClient:
+        if self.load_incluster_config:
+            if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+                raise RuntimeError(
+                    "load_incluster_config=True but this process is not in a pod; set "
+                    "load_incluster_config=False (and kubeconfig_file) to launch from outside."
+                )
+            k8s_config.load_incluster_config()
+        else:
+            k8s_config.load_kube_config(config_file=self.kubeconfig_file)
+        return TrainingJobClient(
+            k8s_client.BatchV1Api(),
+            k8s_client.CoreV1Api(),
+            poll_interval_s=self.poll_interval_s,
+            pending_timeout_s=self.pending_timeout_s,
+        )
+
+    def launch(
+        self, context: dg.AssetExecutionContext | dg.OpExecutionContext, job: TrainingJob
+    ) -> dg.PipesClientCompletedInvocation:
+        return run_training_job(
+            context,
+            self._client(),
+            job,
+            self.pod_settings(),
+            check_nodes=self.check_feasibility,
+        )
+
+
+def launcher_kwargs(settings: PodSettings) -> dict[str, Any]:
+    """KubernetesTrainingLauncher(**launcher_kwargs(platform_settings(os.environ)))."""
+    s3 = {s.secret for s in settings.secret_env}
+    return {
+        "namespace": settings.namespace,
+        "image": settings.image,
+        "service_account": settings.service_account,
+        "shared_claim": settings.shared_claim,
+        "shared_mount_path": settings.shared_mount_path,
+        "s3_secret": next(iter(s3)) if s3 else None,
+        "image_pull_secrets": list(settings.image_pull_secrets),
+        "cluster_domain": settings.cluster_domain,
+    }

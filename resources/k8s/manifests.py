@@ -1,0 +1,405 @@
+"""Pure builders for the Kubernetes objects of one training launch.
+
+Nothing here talks to a cluster: every function takes plain values and returns plain dicts (the
+shape `kubectl apply` and the Python client accept), so the shapes are unit-tested by the dozen
+and validated against the official schemas. `client.py` submits them.
+
+One launch is always an Indexed Job (completions = parallelism = nodes). A single node is the
+same object with one index, which keeps the watch, cleanup and Pipes code paths identical. With
+several nodes a headless Service gives each pod the stable name `<job>-<i>.<svc>.<ns>.svc.<domain>`
+and torchrun's c10d rendezvous runs on pod 0's name.
+
+Outputs and checkpoints live on a shared ReadWriteMany volume (PVC) mounted at the same path in
+the training pods and in the Dagster step pod that launched them, so the step reads `output_dir`
+as plain files once the Job succeeds, and a restarted launch resumes from the same checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from resources.launch.base import GpuRequest, TrainingJob
+
+# Max length of a Job name: pod hostnames are `<job>-<index>` and must stay a DNS label (63);
+# the Job controller also appends a 5-char suffix plus the index to pod names.
+MAX_JOB_NAME = 48
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+TRAINER_CONTAINER = "trainer"
+# Label on every pod and on the Service selector; the Job controller's own `job-name` label
+# exists too, but ours is set by us in the template, so the selector cannot drift from it.
+JOB_LABEL = "model-factory.io/training-job"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# Env var carrying the pod's completion index, filled from the annotation by the downward API.
+# Defined explicitly (the controller injects JOB_COMPLETION_INDEX too) so `$(POD_INDEX)` in the
+# args is expanded by the kubelet from an env entry that is visible in our own manifest.
+POD_INDEX_ENV = "POD_INDEX"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecretEnv:
+    """One environment variable read from a Kubernetes Secret (never a literal value)."""
+
+    env: str  # name inside the container, e.g. AWS_ACCESS_KEY_ID
+    secret: str  # Secret name in the training namespace
+    key: str  # key inside the Secret
+    optional: bool = False  # True for keys such as AWS_SESSION_TOKEN that not every Secret has
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodSettings:
+    """Cluster-side settings shared by every training launch (they come from the Helm chart)."""
+
+    namespace: str
+    image: str
+    service_account: str = "model-factory-training"
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    shared_claim: str = "model-factory-shared"
+    shared_mount_path: str = "/mnt/model-factory"
+    secret_env: tuple[SecretEnv, ...] = ()
+    entry_module: str = "training_runtime"
+    rendezvous_port: int = 29400
+    # torchrun waits this long for all nodes to join: pods of one Job may start minutes apart
+    # (image pulls, autoscaled nodes).
+    rendezvous_join_timeout_s: int = 900
+    cluster_domain: str = "cluster.local"
+    ttl_seconds_after_finished: int = 3600
+    active_deadline_seconds: int | None = None
+    run_as_user: int = 1000
+    run_as_group: int = 1000
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def validate_job(job: TrainingJob) -> None:
+    """Reject a launch whose name or GPU request contradicts the job before anything is built."""
+    if len(job.name) > MAX_JOB_NAME or not _DNS_LABEL.match(job.name):
+        raise ValueError(
+            f"TrainingJob.name {job.name!r} must be a DNS label of at most {MAX_JOB_NAME} "
+            "characters (lowercase letters, digits, '-'); it names the Job, Service and pod "
+            "hostnames. Derive it from the run id, e.g. 'train-' + run_id[:8]."
+        )
+    gpu = job.gpu
+    if job.nnodes < 1 or job.nproc_per_node < 1:
+        raise ValueError("TrainingJob.nnodes and nproc_per_node must both be at least 1.")
+    if gpu.nodes != job.nnodes:
+        raise ValueError(
+            f"TrainingJob.nnodes={job.nnodes} but gpu.nodes={gpu.nodes}: set both to the number "
+            "of pods the job should span."
+        )
+    if gpu.gpus_per_node and gpu.gpus_per_node != job.nproc_per_node:
+        raise ValueError(
+            f"gpu.gpus_per_node={gpu.gpus_per_node} but nproc_per_node={job.nproc_per_node}: "
+            "torchrun starts one process per GPU, so set them equal."
+        )
+    for key in gpu.nccl_env:
+        if not (key.startswith("NCCL_") or key.startswith("TORCH_NCCL_")):
+            raise ValueError(
+                f"gpu.nccl_env key {key!r} is not an NCCL setting; put other variables in "
+                "TrainingJob.env (non-secret) or in a Secret referenced by the chart."
+            )
+    for key in {**job.env, **gpu.nccl_env}:
+        if not _ENV_NAME.match(key):
+            raise ValueError(f"environment variable name {key!r} is not a valid identifier.")
+
+
+def service_name(job: TrainingJob) -> str:
+    """The headless Service shares the Job's name: `<job>-0.<job>.<ns>.svc` reads naturally."""
+    return job.name
+
+
+def pod_fqdn(job: TrainingJob, settings: PodSettings, index: int | str) -> str:
+    """Stable DNS name of pod `index`.
+
+    The full name including the cluster domain is what the kubelet writes into the pod's own
+    /etc/hosts when `subdomain` is set, so pod 0 recognises the rendezvous host as itself without
+    waiting for the DNS record, and torchrun decides to host the c10d store there."""
+    return (
+        f"{job.name}-{index}.{service_name(job)}.{settings.namespace}.svc."
+        f"{settings.cluster_domain}"
+    )
+
+
+def rendezvous_endpoint(job: TrainingJob, settings: PodSettings) -> str:
+    return f"{pod_fqdn(job, settings, 0)}:{settings.rendezvous_port}"
+
+
+def config_path(job: TrainingJob, settings: PodSettings) -> str:
+    """Where the launcher writes the runtime's JSON config on the shared volume."""
+    return posixpath.join(settings.shared_mount_path, "launches", job.name, "config.json")
+
+
+def torchrun_args(job: TrainingJob, settings: PodSettings) -> list[str]:
+    """The trainer container's command: torchrun wrapping `python -m <entry_module>`."""
+    args = ["torchrun", f"--nproc-per-node={job.nproc_per_node}"]
+    if job.nnodes == 1:
+        # One pod: a local rendezvous; no Service, no DNS.
+        args += ["--standalone", "--nnodes=1"]
+    else:
+        args += [
+            f"--nnodes={job.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rendezvous_endpoint(job, settings)}",
+            f"--rdzv-id={job.name}",
+            f"--rdzv-conf=join_timeout={settings.rendezvous_join_timeout_s}",
+            # c10d assigns node ranks by sorting node addresses; each pod's own stable name
+            # (pod 0 sorts first) puts global rank 0, which reports through Pipes, on pod 0,
+            # whose logs the launcher reads. The kubelet expands $(POD_INDEX).
+            f"--local-addr={pod_fqdn(job, settings, f'$({POD_INDEX_ENV})')}",
+        ]
+    if job.max_restarts:
+        args.append(f"--max-restarts={job.max_restarts}")
+    args += ["-m", settings.entry_module, "--config", config_path(job, settings)]
+    return args
+
+
+def _resources(gpu: GpuRequest) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": gpu.cpu, "memory": gpu.memory}
+    # Memory limit = request: a training pod over its request would be the first OOM victim
+    # anyway, and equal values make the OOM visible as the container's reason.
+    limits: dict[str, Any] = {"memory": gpu.memory}
+    if gpu.gpus_per_node:
+        # Extended resources (GPUs, MIG slices) must have limit == request.
+        requests[gpu.resource_name] = str(gpu.gpus_per_node)
+        limits[gpu.resource_name] = str(gpu.gpus_per_node)
+    return {"requests": requests, "limits": limits}
+
+
+def container_security_context(*, read_only_root: bool = True) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": read_only_root,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_security_context(settings: PodSettings) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": settings.run_as_user,
+        "runAsGroup": settings.run_as_group,
+        # fsGroup makes the shared volume writable by the non-root user.
+        "fsGroup": settings.run_as_group,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _env(
+    job: TrainingJob, settings: PodSettings, pipes_env: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    plain: dict[str, str] = {
+        # The root filesystem is read-only; caches (torch hub, triton, matplotlib) go to /tmp.
+        "HOME": "/tmp",
+        "XDG_CACHE_HOME": "/tmp/.cache",
+        "PYTHONUNBUFFERED": "1",
+        **job.env,
+        **job.gpu.nccl_env,
+        **pipes_env,
+    }
+    secret_names = {s.env for s in settings.secret_env}
+    clash = secret_names & set(plain)
+    if clash:
+        raise ValueError(
+            f"{sorted(clash)} are set both as plain env and from a Secret; remove them from "
+            "TrainingJob.env so credentials only come from the Secret."
+        )
+    env: list[dict[str, Any]] = [
+        {
+            "name": POD_INDEX_ENV,
+            "valueFrom": {
+                "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}
+            },
+        }
+    ]
+    env += [{"name": k, "value": v} for k, v in plain.items()]
+    env += [
+        {
+            "name": s.env,
+            "valueFrom": {
+                "secretKeyRef": {"name": s.secret, "key": s.key, "optional": s.optional}
+            },
+        }
+        for s in settings.secret_env
+    ]
+    return env
+
+
+def _labels(job: TrainingJob, settings: PodSettings) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "model-factory-training",
+        "app.kubernetes.io/managed-by": "model-factory",
+        **settings.labels,
+        JOB_LABEL: job.name,
+    }
+
+
+def build_pod_template(
+    job: TrainingJob, settings: PodSettings, pipes_env: Mapping[str, str]
+) -> dict[str, Any]:
+    gpu = job.gpu
+    volumes: list[dict[str, Any]] = [
+        {"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_claim}},
+        # DataLoader workers pass batches through /dev/shm; the container runtime's default of
+        # 64 MiB makes them crash with "bus error", so it is a memory-backed volume of the
+        # requested size (it counts against the pod's memory limit).
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": gpu.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    container: dict[str, Any] = {
+        "name": TRAINER_CONTAINER,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": torchrun_args(job, settings),
+        "env": _env(job, settings, pipes_env),
+        "resources": _resources(gpu),
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "shared", "mountPath": settings.shared_mount_path},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if job.nnodes > 1:
+        container["ports"] = [
+            {"name": "rdzv", "containerPort": settings.rendezvous_port, "protocol": "TCP"}
+        ]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": settings.service_account,
+        # Training code needs no Kubernetes API access.
+        "automountServiceAccountToken": False,
+        # Service links inject one env var per Service in the namespace; noise for torchrun.
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(settings),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if job.nnodes > 1:
+        spec["subdomain"] = service_name(job)
+    if gpu.node_selector:
+        spec["nodeSelector"] = dict(gpu.node_selector)
+    if gpu.tolerations:
+        spec["tolerations"] = [dict(t) for t in gpu.tolerations]
+    if gpu.priority_class:
+        spec["priorityClassName"] = gpu.priority_class
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    return {"metadata": {"labels": _labels(job, settings)}, "spec": spec}
+
+
+def build_training_job(
+    job: TrainingJob, settings: PodSettings, pipes_env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The Indexed Job running `torchrun` in each of `job.nnodes` pods."""
+    validate_job(job)
+    spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": job.nnodes,
+        "parallelism": job.nnodes,
+        # torchrun restarts workers itself (max_restarts); a lost pod fails the whole gang at
+        # once instead of re-running one index against peers that already gave up.
+        "backoffLimit": 0,
+        # Deleted by the cluster after success or failure even if the launcher never got to
+        # clean up (killed step pod); the Service goes with it through its owner reference.
+        "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+        "template": build_pod_template(job, settings, pipes_env or {}),
+    }
+    if settings.active_deadline_seconds:
+        spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job.name,
+            "namespace": settings.namespace,
+            "labels": _labels(job, settings),
+        },
+        "spec": spec,
+    }
+
+
+def build_headless_service(
+    job: TrainingJob, settings: PodSettings, owner_uid: str | None = None
+) -> dict[str, Any]:
+    """The Service that gives Indexed Job pods their stable DNS names.
+
+    `owner_uid` is the created Job's uid: the Service is then garbage-collected with the Job."""
+    metadata: dict[str, Any] = {
+        "name": service_name(job),
+        "namespace": settings.namespace,
+        "labels": _labels(job, settings),
+    }
+    if owner_uid:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": job.name,
+                "uid": owner_uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_LABEL: job.name},
+            # Pods have no readiness probe and must resolve each other while starting.
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {
+                    "name": "rdzv",
+                    "port": settings.rendezvous_port,
+                    "targetPort": settings.rendezvous_port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def build_manifests(
+    job: TrainingJob, settings: PodSettings, pipes_env: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Everything one launch creates, in creation order."""
+    manifests = [build_training_job(job, settings, pipes_env)]
+    if job.nnodes > 1:
+        manifests.append(build_headless_service(job, settings))
+    return manifests
+
+
+def check_paths_on_shared_volume(config: Mapping[str, Any], settings: PodSettings) -> None:
+    """The runtime writes `output_dir` and the checkpoint directory; on Kubernetes both must lie
+    on the shared volume, or the results vanish with the pods."""
+    root = settings.shared_mount_path.rstrip("/") + "/"
+    paths = {"output_dir": config.get("output_dir")}
+    checkpoint = config.get("checkpoint")
+    if isinstance(checkpoint, Mapping):
+        for key in ("dir", "directory", "path"):
+            if key in checkpoint:
+                paths[f"checkpoint.{key}"] = checkpoint[key]
+    for name, value in paths.items():
+        if not isinstance(value, str) or not posixpath.normpath(value).startswith(root):
+            raise ValueError(
+                f"training config {name}={value!r} is not on the shared volume: on Kubernetes "
+                f"set it under {root} (the PVC '{settings.shared_claim}' mounted in both the "
+                "step pod and the training pods)."
+            )
+
+
+def config_json(config: Mapping[str, Any]) -> str:
+    """The bytes written to `config_path`: stable key order so reruns diff cleanly."""
+    return json.dumps(config, indent=2, sort_keys=True)
+

@@ -1,0 +1,184 @@
+"""What the orchestrator needs on the Kubernetes profile: per-step `dagster-k8s/config` tag values,
+the `k8s_job_executor` config, run tags for the queued run coordinator, and the cluster settings
+read from the environment the Helm charts give the Dagster pods.
+
+All pure: `platform_settings(environ)` takes the mapping to read, so nothing is read at import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from resources.k8s.manifests import PodSettings, SecretEnv
+from resources.launch.base import GpuRequest
+
+StepKind = Literal["cpu", "gpu"]
+
+# Tag the queued run coordinator reads for ordering, and the tag our concurrency limits key on
+# (helm/dagster-values.yaml and helm/instance/dagster.yaml limit it to a few concurrent runs).
+PRIORITY_TAG = "dagster/priority"
+WORKLOAD_TAG = "model-factory/workload"
+RUN_PRIORITIES = {"training": 10, "adhoc": 0}
+
+# Names the Helm chart `helm/model-factory` puts in its ConfigMap (envFrom in the Dagster pods).
+ENV_NAMESPACE = "MODEL_FACTORY_NAMESPACE"
+ENV_TRAINING_IMAGE = "MODEL_FACTORY_TRAINING_IMAGE"
+ENV_TRAINING_SA = "MODEL_FACTORY_TRAINING_SERVICE_ACCOUNT"
+ENV_SHARED_CLAIM = "MODEL_FACTORY_SHARED_CLAIM"
+ENV_SHARED_MOUNT = "MODEL_FACTORY_SHARED_MOUNT"
+ENV_S3_SECRET = "MODEL_FACTORY_S3_SECRET"
+ENV_LAKEFS_SECRET = "MODEL_FACTORY_LAKEFS_SECRET"
+ENV_PULL_SECRETS = "MODEL_FACTORY_IMAGE_PULL_SECRETS"
+ENV_CLUSTER_DOMAIN = "MODEL_FACTORY_CLUSTER_DOMAIN"
+
+S3_SECRET_KEYS = (
+    ("AWS_ACCESS_KEY_ID", False),
+    ("AWS_SECRET_ACCESS_KEY", False),
+    # Present only for temporary credentials / non-AWS endpoints.
+    ("AWS_SESSION_TOKEN", True),
+    ("AWS_ENDPOINT_URL", True),
+    ("AWS_DEFAULT_REGION", True),
+)
+
+
+def s3_secret_env(secret: str) -> tuple[SecretEnv, ...]:
+    """AWS_* variables from the S3 credentials Secret, by reference."""
+    return tuple(SecretEnv(env=k, secret=secret, key=k, optional=opt) for k, opt in S3_SECRET_KEYS)
+
+
+def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -> PodSettings:
+    """PodSettings from the variables the model-factory chart's ConfigMap sets."""
+    missing = [k for k in (ENV_NAMESPACE, ENV_SHARED_CLAIM) if not environ.get(k)]
+    image = image or environ.get(ENV_TRAINING_IMAGE)
+    if not image:
+        missing.append(ENV_TRAINING_IMAGE)
+    if missing:
+        raise ValueError(
+            f"{', '.join(missing)} not set: on the kubernetes profile the Dagster pods load them "
+            "from the 'model-factory-platform' ConfigMap (helm/model-factory); add it to the "
+            "code location's envConfigMaps as helm/dagster-values.yaml does."
+        )
+    secret = environ.get(ENV_S3_SECRET)
+    pull = tuple(s for s in environ.get(ENV_PULL_SECRETS, "").split(",") if s)
+    return PodSettings(
+        namespace=environ[ENV_NAMESPACE],
+        image=image,
+        service_account=environ.get(ENV_TRAINING_SA, "model-factory-training"),
+        shared_claim=environ[ENV_SHARED_CLAIM],
+        shared_mount_path=environ.get(ENV_SHARED_MOUNT, "/mnt/model-factory"),
+        secret_env=s3_secret_env(secret) if secret else (),
+        image_pull_secrets=pull,
+        cluster_domain=environ.get(ENV_CLUSTER_DOMAIN, "cluster.local"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPodDefaults:
+    """Sizes of ordinary (CPU) step pods and the shared volume they mount."""
+
+    cpu: str = "1"
+    memory: str = "4Gi"
+    shared_claim: str = "model-factory-shared"
+    shared_mount_path: str = "/mnt/model-factory"
+    run_as_user: int = 1000
+
+
+def step_k8s_config(
+    kind: StepKind, gpu: GpuRequest | None = None, *, defaults: StepPodDefaults | None = None
+) -> dict[str, Any]:
+    """The `dagster-k8s/config` tag value for one asset's step pod.
+
+    "cpu": a CPU pod (data prep, checks, and the training *launch* step: its GPUs are in the
+    pods the KubernetesTrainingLauncher creates, so the step itself stays small).
+    "gpu": a pod that holds GPUs itself, for steps that use them in-process (evaluation); takes
+    the GpuRequest's resource name, count, selector, tolerations, priority and shm size.
+    Every step pod mounts the shared volume at the same path as the training pods.
+    """
+    d = defaults or StepPodDefaults()
+    if kind not in ("cpu", "gpu"):
+        raise ValueError(f"step kind {kind!r}: use 'cpu' or 'gpu'.")
+    if kind == "gpu" and (gpu is None or gpu.gpus_per_node < 1):
+        raise ValueError(
+            "step_k8s_config('gpu', ...) needs a GpuRequest with gpus_per_node >= 1; use 'cpu' "
+            "for steps without GPUs."
+        )
+    cpu, memory = (gpu.cpu, gpu.memory) if kind == "gpu" and gpu else (d.cpu, d.memory)
+    requests: dict[str, str] = {"cpu": cpu, "memory": memory}
+    limits: dict[str, str] = {"memory": memory}
+    volumes: list[dict[str, Any]] = [
+        {"name": "shared", "persistent_volume_claim": {"claim_name": d.shared_claim}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "shared", "mount_path": d.shared_mount_path}]
+    pod_spec: dict[str, Any] = {
+        "security_context": {
+            "run_as_non_root": True,
+            "run_as_user": d.run_as_user,
+            "run_as_group": d.run_as_user,
+            "fs_group": d.run_as_user,
+            "seccomp_profile": {"type": "RuntimeDefault"},
+        },
+    }
+    if kind == "gpu" and gpu is not None:
+        requests[gpu.resource_name] = str(gpu.gpus_per_node)
+        limits[gpu.resource_name] = str(gpu.gpus_per_node)
+        volumes.append(
+            {"name": "dshm", "empty_dir": {"medium": "Memory", "size_limit": gpu.shm_size}}
+        )
+        mounts.append({"name": "dshm", "mount_path": "/dev/shm"})
+        if gpu.node_selector:
+            pod_spec["node_selector"] = dict(gpu.node_selector)
+        if gpu.tolerations:
+            pod_spec["tolerations"] = [dict(t) for t in gpu.tolerations]
+        if gpu.priority_class:
+            pod_spec["priority_class_name"] = gpu.priority_class
+    pod_spec["volumes"] = volumes
+    security = {
+        "allow_privilege_escalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        # Dagster's step process writes under DAGSTER_HOME and the compute log manager stages
+        # files locally before upload, so the root filesystem stays writable for step pods.
+        "read_only_root_filesystem": False,
+        "run_as_non_root": True,
+        "seccomp_profile": {"type": "RuntimeDefault"},
+    }
+    return {
+        "container_config": {
+            "resources": {"requests": requests, "limits": limits},
+            "security_context": security,
+            "volume_mounts": mounts,
+        },
+        "pod_spec_config": pod_spec,
+        "pod_template_spec_metadata": {"labels": {"model-factory.io/step-kind": kind}},
+    }
+
+
+def k8s_executor_config(
+    settings: PodSettings, *, runner_service_account: str, max_concurrent: int = 8
+) -> dict[str, Any]:
+    """Config for `dagster_k8s.k8s_job_executor.configured(...)` on the kubernetes profile."""
+    return {
+        "job_namespace": settings.namespace,
+        "service_account_name": runner_service_account,
+        "load_incluster_config": True,
+        "max_concurrent": max_concurrent,
+        # Step Jobs are deleted with their run pod, so a killed run leaves no step pods.
+        "enable_owner_references": True,
+        "image_pull_policy": settings.image_pull_policy,
+        "step_k8s_config": step_k8s_config(
+            "cpu",
+            defaults=StepPodDefaults(
+                shared_claim=settings.shared_claim,
+                shared_mount_path=settings.shared_mount_path,
+                run_as_user=settings.run_as_user,
+            ),
+        ),
+    }
+
+
+def run_tags(workload: Literal["training", "adhoc"]) -> dict[str, str]:
+    """Tags that order runs in the queue and count them against the concurrency limits."""
+    if workload not in RUN_PRIORITIES:
+        raise ValueError(f"workload {workload!r}: use one of {sorted(RUN_PRIORITIES)}.")
+    return {PRIORITY_TAG: str(RUN_PRIORITIES[workload]), WORKLOAD_TAG: workload}
