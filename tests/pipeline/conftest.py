@@ -1,0 +1,42 @@
+"""A temporary local platform: instance, store and state under tmp_path, never the repo's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from pipelines.definitions import build_definitions, training_job_name
+from pipelines.profiles import Profile
+
+
+class Platform:
+    def __init__(self, root: Path):
+        self.root = root
+        self.profile = Profile(name="local", data_root=root / "platform")
+        (root / "dagster_home").mkdir(parents=True, exist_ok=True)
+        self.instance = dg.DagsterInstance.local_temp(str(root / "dagster_home"))
+
+    @property
+    def sources(self) -> Path:
+        return self.profile.data_root / "sources"
+
+    def store(self):
+        return self.profile.store()
+
+    def run(self, spec, specs=None, raise_on_error=False) -> dg.ExecuteInProcessResult:
+        defs = build_definitions(self.profile, specs or [spec])
+        job = defs.resolve_job_def(training_job_name(spec))
+        return job.execute_in_process(instance=self.instance, raise_on_error=raise_on_error)
+
+
+@pytest.fixture
+def platform(tmp_path):
+    p = Platform(tmp_path)
+    yield p
+    p.instance.dispose()
+
+
+def failure_messages(result: dg.ExecuteInProcessResult) -> str:
+    return "\n".join(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure)
