@@ -32,3 +32,26 @@ class ArtifactStore(ABC):
     @abstractmethod
     def uri(self, key: str) -> str:
         """file:///abs/path or s3://bucket/prefix/key."""
+
+
+# Local uploads are written here first and renamed into place, so readers never see them.
+INCOMING_DIR = ".incoming"
+
+
+def validate_key(key: str) -> str:
+    """Keys are relative '/'-separated paths that cannot escape the store's root or prefix."""
+    if not isinstance(key, str) or not key:
+        raise ArtifactError("invalid artifact key: it is empty; give a relative path such as 'digits/v1/model.pt'")
+    if len(key.encode()) > 1024:
+        raise ArtifactError(f"invalid artifact key {key[:40]!r}...: longer than 1024 bytes")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ArtifactError(f"invalid artifact key {key!r}: it contains control characters")
+    if key.startswith("/") or "\\" in key:
+        raise ArtifactError(f"invalid artifact key {key!r}: it must be relative and use '/' separators")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ArtifactError(f"invalid artifact key {key!r}: empty, '.' or '..' components are not allowed")
+    if parts[0] == INCOMING_DIR:
+        raise ArtifactError(f"invalid artifact key {key!r}: {INCOMING_DIR!r} is reserved for uploads in progress")
+    return key
+

