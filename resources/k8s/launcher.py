@@ -94,7 +94,7 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         description="ReadWriteMany PVC for configs, checkpoints and outputs.",
     )
     shared_mount_path: str = Field(
-        default="/mnt/model-factory",
+        default="/mnt/training",
         description="Mount path of the shared PVC, identical in step and training pods.",
     )
     s3_secret: str | None = Field(
@@ -114,6 +114,31 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         default=True, description="False: use kubeconfig_file (or ~/.kube/config)."
     )
     kubeconfig_file: str | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        *,
+        namespace: str,
+        image: str | None,
+        work_root: str,
+        service_account: str | None = None,
+        **overrides: Any,
+    ) -> "KubernetesTrainingLauncher":
+        """Build from the orchestrator's TrainingLauncherResource fields; `work_root` is the
+        shared volume's mount path (configs, checkpoints and outputs live under it)."""
+        if not image:
+            raise ValueError(
+                "no training image: set TRAINING_IMAGE (the model-factory chart's ConfigMap "
+                "does) to the image built from helm/images/training.Dockerfile."
+            )
+        return cls(
+            namespace=namespace,
+            image=image,
+            shared_mount_path=work_root,
+            service_account=service_account or "model-factory-training",
+            **overrides,
+        )
 
     def pod_settings(self) -> PodSettings:
         return PodSettings(

@@ -61,7 +61,7 @@ class PodSettings:
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     shared_claim: str = "model-factory-shared"
-    shared_mount_path: str = "/mnt/model-factory"
+    shared_mount_path: str = "/mnt/training"
     secret_env: tuple[SecretEnv, ...] = ()
     entry_module: str = "training_runtime"
     rendezvous_port: int = 29400

@@ -22,8 +22,9 @@ WORKLOAD_TAG = "model-factory/workload"
 RUN_PRIORITIES = {"training": 10, "adhoc": 0}
 
 # Names the Helm chart `helm/model-factory` puts in its ConfigMap (envFrom in the Dagster pods).
-ENV_NAMESPACE = "MODEL_FACTORY_NAMESPACE"
-ENV_TRAINING_IMAGE = "MODEL_FACTORY_TRAINING_IMAGE"
+# (TRAINING_NAMESPACE / TRAINING_IMAGE are the names pipelines/profiles.py reads.)
+ENV_NAMESPACE = "TRAINING_NAMESPACE"
+ENV_TRAINING_IMAGE = "TRAINING_IMAGE"
 ENV_TRAINING_SA = "MODEL_FACTORY_TRAINING_SERVICE_ACCOUNT"
 ENV_SHARED_CLAIM = "MODEL_FACTORY_SHARED_CLAIM"
 ENV_SHARED_MOUNT = "MODEL_FACTORY_SHARED_MOUNT"
@@ -66,7 +67,7 @@ def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -
         image=image,
         service_account=environ.get(ENV_TRAINING_SA, "model-factory-training"),
         shared_claim=environ[ENV_SHARED_CLAIM],
-        shared_mount_path=environ.get(ENV_SHARED_MOUNT, "/mnt/model-factory"),
+        shared_mount_path=environ.get(ENV_SHARED_MOUNT, "/mnt/training"),
         secret_env=s3_secret_env(secret) if secret else (),
         image_pull_secrets=pull,
         cluster_domain=environ.get(ENV_CLUSTER_DOMAIN, "cluster.local"),
@@ -75,12 +76,10 @@ def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -
 
 @dataclass(frozen=True, kw_only=True)
 class StepPodDefaults:
-    """Sizes of ordinary (CPU) step pods and the shared volume they mount."""
+    """Sizes of ordinary (CPU) step pods."""
 
     cpu: str = "1"
     memory: str = "4Gi"
-    shared_claim: str = "model-factory-shared"
-    shared_mount_path: str = "/mnt/model-factory"
     run_as_user: int = 1000
 
 
@@ -93,7 +92,8 @@ def step_k8s_config(
     pods the KubernetesTrainingLauncher creates, so the step itself stays small).
     "gpu": a pod that holds GPUs itself, for steps that use them in-process (evaluation); takes
     the GpuRequest's resource name, count, selector, tolerations, priority and shm size.
-    Every step pod mounts the shared volume at the same path as the training pods.
+    The shared volume is not added here: the run launcher's volumes (helm/dagster-values.yaml)
+    reach every run and step pod, and a second entry for the same mount path would be rejected.
     """
     d = defaults or StepPodDefaults()
     if kind not in ("cpu", "gpu"):
@@ -106,10 +106,8 @@ def step_k8s_config(
     cpu, memory = (gpu.cpu, gpu.memory) if kind == "gpu" and gpu else (d.cpu, d.memory)
     requests: dict[str, str] = {"cpu": cpu, "memory": memory}
     limits: dict[str, str] = {"memory": memory}
-    volumes: list[dict[str, Any]] = [
-        {"name": "shared", "persistent_volume_claim": {"claim_name": d.shared_claim}}
-    ]
-    mounts: list[dict[str, Any]] = [{"name": "shared", "mount_path": d.shared_mount_path}]
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
     pod_spec: dict[str, Any] = {
         "security_context": {
             "run_as_non_root": True,
@@ -132,7 +130,8 @@ def step_k8s_config(
             pod_spec["tolerations"] = [dict(t) for t in gpu.tolerations]
         if gpu.priority_class:
             pod_spec["priority_class_name"] = gpu.priority_class
-    pod_spec["volumes"] = volumes
+    if volumes:
+        pod_spec["volumes"] = volumes
     security = {
         "allow_privilege_escalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -143,12 +142,14 @@ def step_k8s_config(
         "run_as_non_root": True,
         "seccomp_profile": {"type": "RuntimeDefault"},
     }
+    container: dict[str, Any] = {
+        "resources": {"requests": requests, "limits": limits},
+        "security_context": security,
+    }
+    if mounts:
+        container["volume_mounts"] = mounts
     return {
-        "container_config": {
-            "resources": {"requests": requests, "limits": limits},
-            "security_context": security,
-            "volume_mounts": mounts,
-        },
+        "container_config": container,
         "pod_spec_config": pod_spec,
         "pod_template_spec_metadata": {"labels": {"model-factory.io/step-kind": kind}},
     }
@@ -167,12 +168,7 @@ def k8s_executor_config(
         "enable_owner_references": True,
         "image_pull_policy": settings.image_pull_policy,
         "step_k8s_config": step_k8s_config(
-            "cpu",
-            defaults=StepPodDefaults(
-                shared_claim=settings.shared_claim,
-                shared_mount_path=settings.shared_mount_path,
-                run_as_user=settings.run_as_user,
-            ),
+            "cpu", defaults=StepPodDefaults(run_as_user=settings.run_as_user)
         ),
     }
 

@@ -1,0 +1,44 @@
+# Training image: plain PyTorch + the runtime's few dependencies, no Dagster (the runtime talks to
+# the orchestrator only through dagster-pipes on stderr). Build from the repository root:
+#   docker build -f helm/images/training.Dockerfile \
+#     --build-arg CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 -t <registry>/training:<sha> .
+# The CUDA base and the torch wheel index must agree (cu128 wheels on a 12.8 base); the host
+# driver must support that CUDA version.
+ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+FROM ${CUDA_BASE}
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG DAGSTER_PIPES_VERSION=1.13.27
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
+
+# torch from the CUDA wheel index; the rest from PyPI. nvidia-ml-py and psutil feed the runtime's
+# telemetry, boto3 reads s3:// shards.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+ && pip install "numpy>=2.0" "boto3>=1.34" "nvidia-ml-py>=12" "psutil>=5.9" \
+      "dagster-pipes==${DAGSTER_PIPES_VERSION}"
+
+WORKDIR /opt/model-factory
+COPY training_runtime/ ./training_runtime/
+ENV PYTHONPATH=/opt/model-factory
+
+# Matches the pods' securityContext (runAsUser/runAsGroup 1000, read-only root filesystem:
+# HOME and caches point at the /tmp emptyDir the manifest mounts).
+RUN groupadd --gid 1000 trainer && useradd --uid 1000 --gid 1000 --no-create-home trainer
+USER 1000:1000
+
+# The Job's command runs `torchrun ... -m training_runtime --config <file>`; this default only
+# makes `docker run <image>` print the runtime's usage.
+CMD ["python", "-m", "training_runtime", "--help"]
