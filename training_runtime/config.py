@@ -262,7 +262,7 @@ def _build(cls: type, d: Any, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]!r} in {where}; allowed keys: {sorted(fields)}")
+        raise ConfigError(f"unknown key '{prefix}{unknown[0]}' in {where}; allowed keys: {sorted(fields)}")
     kwargs = {}
     for name, f in fields.items():
         path = f"{prefix}{name}"

@@ -38,7 +38,8 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if cuda:
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, store=_attempt_store(world, timeout), rank=rank,
+                                world_size=world, timeout=timeout)
     else:
         rank, world, local_rank = 0, 1, 0
         if cuda:
@@ -46,6 +47,20 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     return DistInfo(rank, local_rank, world, device, backend)
+
+
+def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store, namespaced by torchrun's restart count. torchrun's agent keeps one
+    shared TCPStore across restarts without a per-attempt prefix, so a restarted worker can read a
+    dead worker's gloo address and fail with 'connectFullMesh ... Connection refused'."""
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
+    else:  # plain env:// semantics: rank 0 hosts the store
+        store = dist.TCPStore(addr, port, world_size, is_master=int(os.environ["RANK"]) == 0,
+                              timeout=timeout, multi_tenant=True)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"training_runtime/attempt_{attempt}", store)
 
 
 def close_distributed() -> None:
