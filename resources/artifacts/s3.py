@@ -165,7 +165,9 @@ class S3ArtifactStore(ArtifactStore):
             self._client.head_bucket(Bucket=self.bucket)
             return
         except ClientError as exc:
-            if not self._is_not_found(exc) and exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
+            # Some servers answer 403 for a missing bucket; creating it then either works or
+            # fails with an error that says the name is taken.
+            if exc.response.get("Error", {}).get("Code") not in {*_NOT_FOUND, "NoSuchBucket", "403", "AccessDenied"}:
                 raise self._fail("lookup of bucket", "", exc) from None
         except BotoCoreError as exc:
             raise self._fail("lookup of bucket", "", exc) from None

@@ -20,7 +20,7 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory):
         yield server
 
 
-def make_s3_store(seaweed: SeaweedServer, endpoint_url: str | None = None, **kwargs) -> S3ArtifactStore:
+def _s3_store(seaweed: SeaweedServer, endpoint_url: str | None = None, **kwargs) -> S3ArtifactStore:
     """A store on the session's bucket under a prefix of its own, so tests never share keys."""
     return S3ArtifactStore(
         bucket=seaweed.bucket, prefix=f"tests/{uuid.uuid4().hex[:12]}",
@@ -30,13 +30,19 @@ def make_s3_store(seaweed: SeaweedServer, endpoint_url: str | None = None, **kwa
     )
 
 
+@pytest.fixture
+def make_s3_store():
+    """``make_s3_store(seaweed, endpoint_url=None, **S3ArtifactStore settings)``."""
+    return _s3_store
+
+
 @pytest.fixture(params=["local", "s3"])
 def artifact_store(request: pytest.FixtureRequest, tmp_path: Path):
     if request.param == "local":
         return LocalArtifactStore(tmp_path / "artifacts")
     seaweed = request.getfixturevalue("seaweed")
     # Small multipart settings so the suite's "large" file really goes up in parts.
-    return make_s3_store(seaweed, multipart_threshold_bytes=5 * 1024 * 1024, multipart_chunk_bytes=5 * 1024 * 1024)
+    return _s3_store(seaweed, multipart_threshold_bytes=5 * 1024 * 1024, multipart_chunk_bytes=5 * 1024 * 1024)
 
 
 @pytest.fixture
