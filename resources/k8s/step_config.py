@@ -177,4 +177,11 @@ def run_tags(workload: Literal["training", "adhoc"]) -> dict[str, str]:
     """Tags that order runs in the queue and count them against the concurrency limits."""
     if workload not in RUN_PRIORITIES:
         raise ValueError(f"workload {workload!r}: use one of {sorted(RUN_PRIORITIES)}.")
-    return {PRIORITY_TAG: str(RUN_PRIORITIES[workload]), WORKLOAD_TAG: workload}
+    return {
+        PRIORITY_TAG: str(RUN_PRIORITIES[workload]),
+        WORKLOAD_TAG: workload,
+        # Run retries are for lost pods and nodes; a failing training step (bad config, NaN
+        # loss) fails the same way again, so it is not retried. Set per run because the chart
+        # does not render the instance-wide switch in every version.
+        "dagster/retry_on_asset_or_op_failure": "false",
+    }
