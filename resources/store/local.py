@@ -361,6 +361,21 @@ class LocalVersionedStore(VersionedStore):
         right = self._commit_tree(self.resolve_ref(right_ref))
         return [DiffEntry(path=p, type=t) for p, t in diff_trees(left, right, prefix)]
 
+    def compare(self, left_ref: str, right_ref: str, prefix: str = "") -> list[DiffEntry]:
+        """lakeFS's three-dot diff: what ``right_ref`` changed since its merge base with
+        ``left_ref``; paths that ``left_ref`` changed differently are marked "conflict"."""
+        left, right = self.resolve_ref(left_ref), self.resolve_ref(right_ref)
+        base = merge_base(left, right, self._parents, self._generation)
+        base_tree = self._commit_tree(base) if base else {}
+        left_tree, right_tree = self._commit_tree(left), self._commit_tree(right)
+        out = []
+        for path, kind in diff_trees(base_tree, right_tree, prefix):
+            theirs = left_tree.get(path)
+            if theirs != base_tree.get(path) and theirs != right_tree.get(path):
+                kind = "conflict"
+            out.append(DiffEntry(path=path, type=kind))
+        return out
+
     def uncommitted_diff(self, branch: str, prefix: str = "") -> list[DiffEntry]:
         """What the branch's staging area changes relative to its head commit."""
         validate_ref_name(branch, "branch")
