@@ -1,12 +1,17 @@
 """Model versions in the versioned store: version N of model M is the tag ``M-vN`` on the commit
-that holds ``models/M/versions/vN/`` (weights, lineage record, resolved config)."""
+that holds ``models/M/versions/vN/`` (weights, lineage record, resolved config).
+
+Comments on versions live under ``models/M/comments/vN/`` and the ``production`` alias under
+``models/M/aliases/production.json``, both on ``main``."""
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
+from datetime import datetime, timezone
 
-from resources.store.base import RefNotFoundError, VersionedStore
+from resources.store.base import MAIN, MergeConflictError, RefNotFoundError, VersionedStore
 
 
 class UnknownModelVersionError(LookupError):
@@ -25,13 +30,22 @@ def lineage_path(model: str, version: int) -> str:
     return version_prefix(model, version) + "lineage.json"
 
 
+def _tags(store: VersionedStore) -> dict[str, str]:
+    try:
+        return store.list_tags()
+    except RefNotFoundError as exc:
+        raise UnknownModelVersionError(
+            f"the store holds no model versions yet ({exc}); run `python -m pipelines demo` or a training job first"
+        ) from exc
+
+
 def list_versions(store: VersionedStore, model: str) -> list[int]:
     pattern = re.compile(rf"^{re.escape(model)}-v(\d+)$")
-    return sorted(int(m.group(1)) for t in store.list_tags() if (m := pattern.match(t)))
+    return sorted(int(m.group(1)) for t in _tags(store) if (m := pattern.match(t)))
 
 
 def list_models(store: VersionedStore) -> list[str]:
-    return sorted({m.group(1) for t in store.list_tags() if (m := re.match(r"^(.+)-v\d+$", t))})
+    return sorted({m.group(1) for t in _tags(store) if (m := re.match(r"^(.+)-v\d+$", t))})
 
 
 def next_version(store: VersionedStore, model: str) -> int:
@@ -61,3 +75,132 @@ def read_lineage(store: VersionedStore, model: str, version: int | None = None) 
         return json.loads(store.get_object(version_tag(model, v), lineage_path(model, v)))
     except RefNotFoundError as exc:
         raise UnknownModelVersionError(f"version {v} of {model!r} is tagged but its lineage record is missing: {exc}") from exc
+
+
+# --- notes on versions and the production alias ------------------------------------------------
+# Both live as plain JSON files on ``main``, written through a short-lived branch and merged, so
+# they carry commit metadata (who, when, what) and travel with the store like everything else.
+# Tags cannot move, so the alias is a pointer file with its full audit history.
+
+PRODUCTION = "production"
+
+
+class AliasError(ValueError):
+    """A promote or rollback that cannot be done as asked."""
+
+
+def comments_prefix(model: str, version: int | None = None) -> str:
+    return f"models/{model}/comments/" + (f"v{version}/" if version is not None else "")
+
+
+def alias_path(model: str, alias: str = PRODUCTION) -> str:
+    return f"models/{model}/aliases/{alias}.json"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def publish_files(store: VersionedStore, files: dict[str, bytes], message: str, metadata: dict[str, str],
+                  branch_prefix: str) -> str:
+    """Write ``files`` on a fresh branch from ``main``, commit, merge into ``main``; return main's head.
+
+    A concurrent writer of the same path makes the merge conflict and leaves ``main`` untouched.
+    The branch is deleted either way.
+    """
+    store.ensure_repository()
+    branch = f"{branch_prefix}-{uuid.uuid4().hex[:12]}"
+    store.create_branch(branch, MAIN)
+    try:
+        for path, data in files.items():
+            store.put_object(branch, path, data)
+        store.commit(branch, message, metadata)
+        return store.merge(branch, MAIN, message, metadata)
+    finally:
+        store.delete_branch(branch)
+
+
+def add_comment(store: VersionedStore, model: str, version: int, text: str, author: str,
+                created_at: str | None = None) -> dict:
+    """Record a note on a version under ``models/M/comments/vN/`` on ``main``; return it."""
+    read_lineage(store, model, version)  # unknown model or version: UnknownModelVersionError
+    if not text.strip():
+        raise ValueError("the comment is empty; give the text to record")
+    note_id = uuid.uuid4().hex[:12]
+    note = {"model": model, "version": version, "text": text, "author": author,
+            "created_at": created_at or utc_now(), "id": note_id}
+    stamp = re.sub(r"[^0-9T]", "", note["created_at"])[:15]
+    path = comments_prefix(model, version) + f"{stamp}-{note_id}.json"
+    head = publish_files(store, {path: json.dumps(note, indent=2, sort_keys=True).encode()},
+                         f"Comment on {model} v{version}",
+                         {"model": model, "model_version": str(version), "author": author, "kind": "comment"},
+                         "comment")
+    return {**note, "path": path, "commit_id": head}
+
+
+def list_comments(store: VersionedStore, model: str, version: int | None = None) -> list[dict]:
+    """Comments on one version (or all versions) of ``model``, oldest first."""
+    objects = store.list_objects(MAIN, prefix=comments_prefix(model, version))
+    notes = [json.loads(store.get_object(MAIN, o.path)) for o in objects if o.path.endswith(".json")]
+    return sorted(notes, key=lambda n: (n["created_at"], n["id"]))
+
+
+def read_alias(store: VersionedStore, model: str, alias: str = PRODUCTION) -> dict:
+    """The alias state: ``{"version": N or None, "previous": [...], "history": [...]}``."""
+    path = alias_path(model, alias)
+    if not store.exists(MAIN, path):
+        return empty_alias(model, alias)
+    return json.loads(store.get_object(MAIN, path))
+
+
+def empty_alias(model: str, alias: str = PRODUCTION) -> dict:
+    return {"model": model, "alias": alias, "version": None, "previous": [], "history": []}
+
+
+def promoted(state: dict, version: int, actor: str, at: str) -> dict:
+    """The alias state after pointing it at ``version``; the old target can be rolled back to."""
+    current = state["version"]
+    if current == version:
+        raise AliasError(f"{state['model']} v{version} is already in {state['alias']}")
+    entry = {"action": "promote", "from": current, "to": version, "by": actor, "at": at}
+    previous = [*state["previous"], current] if current is not None else list(state["previous"])
+    return {**state, "version": version, "previous": previous, "history": [*state["history"], entry]}
+
+
+def rolled_back(state: dict, actor: str, at: str) -> dict:
+    """The alias state after returning to the version it pointed at before the current one."""
+    if state["version"] is None:
+        raise AliasError(f"{state['model']} has no {state['alias']} version to roll back; promote one first")
+    if not state["previous"]:
+        raise AliasError(
+            f"{state['model']} v{state['version']} is the first {state['alias']} version; "
+            "there is no earlier one to roll back to")
+    *rest, target = state["previous"]
+    entry = {"action": "rollback", "from": state["version"], "to": target, "by": actor, "at": at}
+    return {**state, "version": target, "previous": rest, "history": [*state["history"], entry]}
+
+
+def move_alias(store: VersionedStore, model: str, action: str, actor: str, version: int | None = None,
+               alias: str = PRODUCTION, at: str | None = None) -> dict:
+    """Promote ``version`` to, or roll back, the alias on ``main``; return the audit entry."""
+    at = at or utc_now()
+    state = read_alias(store, model, alias)
+    if action == "promote":
+        read_lineage(store, model, version)  # unknown model or version: UnknownModelVersionError
+        new = promoted(state, version, actor, at)
+    elif action == "rollback":
+        read_lineage(store, model)  # unknown model: UnknownModelVersionError
+        new = rolled_back(state, actor, at)
+    else:
+        raise ValueError(f"unknown alias action {action!r}; use 'promote' or 'rollback'")
+    entry = new["history"][-1]
+    meta = {"model": model, "alias": alias, "action": action, "from_version": str(entry["from"]),
+            "to_version": str(entry["to"]), "by": actor, "at": at}
+    try:
+        head = publish_files(store, {alias_path(model, alias): json.dumps(new, indent=2, sort_keys=True).encode()},
+                             f"{action.capitalize()} {model} {alias}: v{entry['from']} -> v{entry['to']}", meta,
+                             f"alias-{alias}")
+    except MergeConflictError as exc:
+        raise AliasError(f"someone else moved {model}'s {alias} alias at the same time; "
+                         f"run the command again ({exc})") from exc
+    return {**entry, "commit_id": head}

@@ -1,0 +1,98 @@
+"""One temporary platform with two real digits versions, shared by the CLI, UI and notebook tests.
+
+Version 1 trains on the full digits data; version 2 on the data with its first 97 rows dropped
+and with another seed, learning rate and epoch count, so ``compare`` and ``diff`` have real
+differences to show. Both runs are real Dagster runs with real torchrun (2 gloo ranks) on a
+temporary ``DAGSTER_HOME``; the CLI sees them exactly as after ``python -m pipelines demo``.
+
+pytest registers a fixture once per conftest, so the three test packages share the platform
+through ``shared_demo_platform``, which builds it once per session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+
+from assets.spec import PipelineSpec
+from pipelines.definitions import build_definitions, training_job_name
+from pipelines.models.digits import digits_pipeline, write_digits_source
+from pipelines.profiles import Profile
+
+REPO = Path(__file__).resolve().parents[2]
+DROPPED_ROWS = 97
+
+# Small recipes keep the session fixture near a minute on two shared cores.
+FIRST = dataclasses.replace(digits_pipeline, recipe=dataclasses.replace(digits_pipeline.recipe, epochs=3))
+SECOND = dataclasses.replace(
+    digits_pipeline, recipe=dataclasses.replace(digits_pipeline.recipe, epochs=4, seed=1, lr=0.005))
+
+
+@dataclasses.dataclass
+class DemoPlatform:
+    home: Path  # DAGSTER_HOME
+    run_ids: list[str]
+
+    @property
+    def profile(self) -> Profile:
+        return Profile(name="local", data_root=self.home / "platform")
+
+    def store(self):
+        return self.profile.store()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PLATFORM_PROFILE")}
+        env.update(DAGSTER_HOME=str(self.home), PYTHONPATH=str(REPO), **extra)
+        return env
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """``python -m pipelines ARGS`` as a user runs it, against this platform."""
+        return subprocess.run([sys.executable, "-m", "pipelines", *args], cwd=REPO, env=self.env(),
+                              capture_output=True, text=True, timeout=timeout)
+
+
+def write_instance_config(home: Path) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+
+
+def run_pipeline(home: Path, spec: PipelineSpec) -> str:
+    profile = Profile(name="local", data_root=home / "platform")
+    job = build_definitions(profile, [spec]).resolve_job_def(training_job_name(spec))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        result = job.execute_in_process(instance=instance, raise_on_error=False)
+    if not result.success:
+        errors = [e.event_specific_data.error.message for e in result.all_events if e.is_step_failure]
+        raise RuntimeError(f"demo run of {spec.name} failed: {' | '.join(errors)}")
+    return result.run_id
+
+
+def build_demo_platform(home: Path) -> DemoPlatform:
+    write_instance_config(home)
+    source = write_digits_source(home / "platform" / "sources")
+    first = run_pipeline(home, FIRST)
+    frame = pd.read_csv(source)
+    frame.iloc[DROPPED_ROWS:].to_csv(source, index=False)
+    second = run_pipeline(home, SECOND)
+    return DemoPlatform(home=home, run_ids=[first, second])
+
+
+_BUILT: dict[str, DemoPlatform] = {}
+
+
+def shared_demo_platform(tmp_path_factory) -> DemoPlatform:
+    if "platform" not in _BUILT:
+        _BUILT["platform"] = build_demo_platform(tmp_path_factory.mktemp("demo") / "home")
+    return _BUILT["platform"]
+
+
+if __name__ == "__main__":
+    # Build a platform for trying the CLI by hand: python -m tests.cli.demo_platform DIR
+    built = build_demo_platform(Path(sys.argv[1]).resolve())
+    print(f"DAGSTER_HOME={built.home}  runs {built.run_ids}")

@@ -1,0 +1,216 @@
+"""The CLI's pure parts and the registry's comments and production alias, without training."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from assets.registry import (
+    AliasError,
+    UnknownModelVersionError,
+    add_comment,
+    alias_path,
+    empty_alias,
+    list_comments,
+    move_alias,
+    promoted,
+    read_alias,
+    rolled_back,
+)
+from pipelines import cli
+from resources.store.base import MAIN
+from tests.cli.records import make_record, store_with_versions
+
+
+def test_compare_marks_exactly_the_fields_that_differ():
+    a = make_record(1)
+    b = make_record(2, **{"training.config.train.lr": 0.01, "evaluation.test.accuracy": 0.97,
+                          "data.shards_commit": "3" * 64})
+    rows = {(section, key): (vals, differs) for section, key, vals, differs in cli.compare_rows([a, b])}
+    assert rows[("parameters", "train.lr")] == ([0.003, 0.01], True)
+    assert rows[("parameters", "train.epochs")] == ([3, 3], False)
+    assert rows[("metrics", "test accuracy")] == ([0.95, 0.97], True)
+    assert rows[("data and code", "shards commit")][1] is True
+    assert rows[("data and code", "raw commit")][1] is False
+    # Where files were written is not a parameter; the pinned data is shown as commits instead.
+    assert not any(k.startswith(("data.", "checkpoint.dir", "output_dir")) for _, k in rows)
+    assert ("parameters", "checkpoint.every_steps") in rows
+
+
+def test_compare_table_shows_values_side_by_side_with_marks():
+    a, b = make_record(1), make_record(2, **{"training.config.train.seed": 7})
+    text = cli.format_compare([a, b])
+    seed = next(line for line in text.splitlines() if " train.seed " in line)
+    assert seed.split() == ["*", "train.seed", "0", "7"]
+    epochs = next(line for line in text.splitlines() if " train.epochs " in line)
+    assert epochs.split() == ["train.epochs", "3", "3"]
+    assert "(* marks 1 field(s) that differ)" in text.splitlines()[0]
+    only = cli.format_compare([a, b], only_differences=True)
+    assert "train.epochs" not in only and "train.seed" in only
+
+
+def test_compare_handles_a_field_only_one_version_has():
+    a = make_record(1)
+    b = make_record(2, **{"training.config.train.warmup_steps": 5})
+    rows = {key: (vals, d) for _, key, vals, d in cli.compare_rows([a, b, make_record(3)])}
+    assert rows["train.warmup_steps"] == (["—", 5, "—"], True)
+
+
+def test_format_value_shortens_commit_ids_and_rounds_floats():
+    assert cli.format_value("ab" * 32) == "ab" * 6
+    assert cli.format_value(0.123456) == "0.1235"
+    assert cli.format_value(0.0000123) == "1.230e-05"
+    assert cli.format_value([128, 64]) == "[128, 64]"
+    assert cli.format_value(None) == "None"
+
+
+def test_diff_table_lists_changed_objects_and_only_differing_fields():
+    a = make_record(1)
+    b = make_record(2, **{"training.config.train.epochs": 4, "evaluation.test.loss": 0.1})
+    rows = [("changed", "datasets/toy/raw/data.parquet", 1000, 900),
+            ("added", "datasets/toy/shards/train/00004.bin", None, 512)]
+    text = cli.format_diff(a, b, rows)
+    lines = text.splitlines()
+    assert lines[0] == "toy: v1 -> v2"
+    assert any(line.split() == ["changed", "datasets/toy/raw/data.parquet", "1,000", "B", "900", "B"] for line in lines)
+    assert any(line.split()[:2] == ["added", "datasets/toy/shards/train/00004.bin"] and "—" in line for line in lines)
+    assert "  0 removed" not in text and "1 added, 0 removed, 1 changed" in text
+    assert any(line.split() == ["train.epochs", "3", "4"] for line in lines)
+    assert any(line.split() == ["test", "loss", "0.1200", "0.1000"] for line in lines)
+    assert "train.lr" not in text  # equal parameters are left out of a diff
+
+
+def test_diff_of_versions_on_the_same_data_says_so():
+    text = cli.format_diff(make_record(1), make_record(2), [])
+    assert "no objects differ" in text
+    assert text.count("(no differences)") == 2
+
+
+def test_reproduction_config_points_at_the_recorded_commit_and_a_new_work_dir(tmp_path):
+    record = make_record(1)
+    manifest = {"splits": {"train": {"num_samples": 100}}}
+    config = cli.reproduction_config(record, manifest, {"train/0.bin": "file:///x"}, tmp_path)
+    assert set(config) == {"model", "data", "train", "checkpoint", "output_dir"}
+    assert config["data"]["commit_id"] == record["data"]["shards_commit"]
+    assert config["data"]["locations"] == {"train/0.bin": "file:///x"}
+    assert config["checkpoint"] == {"dir": str(tmp_path / "checkpoints"), "every_steps": 40}
+    assert config["output_dir"] == str(tmp_path / "output")
+    assert config["train"]["seed"] == 0
+    assert record["training"]["config"]["output_dir"] == "/tmp/out"  # the record is not modified
+
+
+def test_reproduction_config_refuses_an_inconsistent_record(tmp_path):
+    record = make_record(1, **{"training.config.data.commit_id": "9" * 64})
+    with pytest.raises(ValueError, match="inconsistent"):
+        cli.reproduction_config(record, {}, {}, tmp_path)
+
+
+def test_reproduction_rows_flag_differences_beyond_tolerance():
+    record = make_record(1)
+    repro = {"final_loss": 0.05, "steps": 12, "weights_sha256": "a" * 64,
+             "test": {"accuracy": 0.95, "loss": 0.1200001}, "validation": {"accuracy": 0.8, "loss": 0.2}}
+    rows = {name: ok for name, _, _, ok in cli.reproduction_rows(record, repro, tolerance=1e-6)}
+    assert rows == {"final training loss": True, "steps": True, "test accuracy": True, "test loss": True,
+                    "validation accuracy": False, "validation loss": True, "weights sha256": True}
+    text = cli.format_reproduction(record, cli.reproduction_rows(record, repro, 1e-6), 1e-6)
+    marked = [line.split()[1:3] for line in text.splitlines() if line.lstrip().startswith("*")]
+    assert marked == [["validation", "accuracy"]]
+
+
+def test_code_warnings():
+    same = {"git_sha": "abc", "dirty": False}
+    assert cli.code_warnings(same, same) == []
+    warnings = cli.code_warnings(same, {"git_sha": "def", "dirty": True})
+    assert len(warnings) == 2 and "code differs" in warnings[0] and "uncommitted" in warnings[1]
+    assert "cannot be recovered" in cli.code_warnings({"git_sha": "abc", "dirty": True}, same)[0]
+
+
+def test_version_numbers_accept_v_prefix_and_refuse_garbage():
+    assert cli.version_number("3") == 3 and cli.version_number("v12") == 12
+    for bad in ("x", "v", "0", "-1", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.version_number(bad)
+
+
+def test_lineage_text_shows_production_and_comments():
+    record = make_record(2)
+    alias = promoted(empty_alias("toy"), 2, "alice", "2026-11-29T11:00:00+00:00")
+    comments = [{"created_at": "2026-11-29T11:05:00+00:00", "author": "bob", "text": "looks good"}]
+    text = cli.format_lineage(record, {"raw_commit": "1", "shards_commit": "2"}, production=alias, comments=comments)
+    assert "  production      this version, v2, is in production (promote by alice at 2026-11-29T11:00:00+00:00)" in text
+    assert "    2026-11-29T11:05:00+00:00  bob: looks good" in text
+    other = cli.format_lineage(make_record(1), {}, production=alias)
+    assert "v2 is in production, not this version" in other
+    assert "no version is in production" in cli.format_lineage(record, {}, production=empty_alias("toy"))
+
+
+# --- the production alias as pure state transitions ------------------------------------------------
+def test_promote_and_rollback_walk_back_through_earlier_versions():
+    s = empty_alias("toy")
+    s = promoted(s, 1, "a", "t1")
+    s = promoted(s, 2, "b", "t2")
+    s = promoted(s, 3, "c", "t3")
+    assert (s["version"], s["previous"]) == (3, [1, 2])
+    s = rolled_back(s, "d", "t4")
+    assert (s["version"], s["previous"]) == (2, [1])
+    s = rolled_back(s, "e", "t5")
+    assert (s["version"], s["previous"]) == (1, [])
+    with pytest.raises(AliasError, match="no earlier one"):
+        rolled_back(s, "f", "t6")
+    assert [(h["action"], h["from"], h["to"], h["by"]) for h in s["history"]] == [
+        ("promote", None, 1, "a"), ("promote", 1, 2, "b"), ("promote", 2, 3, "c"),
+        ("rollback", 3, 2, "d"), ("rollback", 2, 1, "e")]
+
+
+def test_promoting_the_current_version_or_rolling_back_nothing_is_refused():
+    with pytest.raises(AliasError, match="no production version"):
+        rolled_back(empty_alias("toy"), "a", "t")
+    with pytest.raises(AliasError, match="already in production"):
+        promoted(promoted(empty_alias("toy"), 1, "a", "t"), 1, "a", "t")
+
+
+# --- comments and the alias in a real local store ----------------------------------------------------
+def test_comments_are_committed_to_main_and_listed_per_version(tmp_path):
+    store = store_with_versions(tmp_path / "store")
+    first = add_comment(store, "toy", 1, "baseline", "alice", created_at="2026-11-29T10:00:00+00:00")
+    add_comment(store, "toy", 2, "more data", "bob", created_at="2026-11-29T10:01:00+00:00")
+    add_comment(store, "toy", 1, "still fine", "carol", created_at="2026-11-29T10:02:00+00:00")
+    assert store.resolve_ref(MAIN) == store.get_commit(MAIN).id == store.log(MAIN)[0].id
+    assert [c["text"] for c in list_comments(store, "toy", 1)] == ["baseline", "still fine"]
+    assert [c["author"] for c in list_comments(store, "toy")] == ["alice", "bob", "carol"]
+    commit = store.log(first["commit_id"], limit=2)[1]  # the branch commit merged into main
+    assert commit.metadata["author"] == "alice" and commit.metadata["model_version"] == "1"
+    assert not [b for b in store.list_branches() if b.startswith("comment-")]  # work branches removed
+    with pytest.raises(UnknownModelVersionError, match="no version 9"):
+        add_comment(store, "toy", 9, "x", "alice")
+    with pytest.raises(UnknownModelVersionError, match="no registered versions"):
+        add_comment(store, "nope", 1, "x", "alice")
+
+
+def test_alias_moves_are_audited_on_main(tmp_path):
+    store = store_with_versions(tmp_path / "store", versions=3)
+    move_alias(store, "toy", "promote", "alice", version=1, at="t1")
+    move_alias(store, "toy", "promote", "bob", version=3, at="t2")
+    entry = move_alias(store, "toy", "rollback", "carol", at="t3")
+    assert (entry["from"], entry["to"], entry["by"]) == (3, 1, "carol")
+    state = read_alias(store, "toy")
+    assert state["version"] == 1
+    assert [(h["action"], h["to"], h["by"], h["at"]) for h in state["history"]] == [
+        ("promote", 1, "alice", "t1"), ("promote", 3, "bob", "t2"), ("rollback", 1, "carol", "t3")]
+    head = store.get_commit(MAIN)
+    assert head.metadata["action"] == "rollback" and head.metadata["from_version"] == "3"
+    assert store.exists(MAIN, alias_path("toy"))
+    with pytest.raises(UnknownModelVersionError, match="no version 7"):
+        move_alias(store, "toy", "promote", "alice", version=7)
+    with pytest.raises(AliasError, match="no earlier one"):
+        move_alias(store, "toy", "rollback", "alice")
+    assert read_alias(store, "toy")["version"] == 1  # a refused move changes nothing
+
+
+def test_an_empty_store_is_an_unknown_model_not_a_crash(tmp_path):
+    from resources.store.factory import make_store
+
+    store = make_store("local", root=tmp_path / "store", repository="model-factory")
+    with pytest.raises(UnknownModelVersionError, match="no model versions yet"):
+        cli.read_lineage(store, "toy")
