@@ -26,7 +26,9 @@ def runtime_config(
     return {
         "model": {"name": spec.model, "kwargs": dict(spec.model_kwargs)},
         "data": {"commit_id": commit_id, "manifest": manifest, "locations": locations,
-                 "s3_endpoint_url": s3_endpoint_url},
+                 "s3_endpoint_url": s3_endpoint_url,
+                 # s3:// shards are cached by sha256 beside the run's checkpoints
+                 "cache_dir": str(checkpoint_dir.parent / "shard-cache")},
         "train": {
             "epochs": r.epochs, "batch_size": r.batch_size, "lr": r.lr, "optimizer": r.optimizer,
             "weight_decay": r.weight_decay, "lr_schedule": r.lr_schedule, "warmup_steps": r.warmup_steps,
