@@ -4,9 +4,9 @@ what counts as good enough, and when to retrain. Validated when definitions load
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -86,13 +86,48 @@ class Split:
 
 
 @dataclass(frozen=True, kw_only=True)
+class QualitySuite:
+    """Great Expectations suites for the raw dataset and the shards, written in Python.
+
+    Each is a function of the pipeline's spec returning ``{table: [gx expectation, ...]}``; the
+    tables are listed in ``assets/quality/tables.py`` (raw: ``rows``, ``classes``; shards:
+    ``samples``, ``splits``). Functions import Great Expectations themselves, so loading
+    definitions stays light.
+    """
+
+    raw: Callable[["PipelineSpec"], Mapping[str, Sequence[Any]]] | None = None
+    shards: Callable[["PipelineSpec"], Mapping[str, Sequence[Any]]] | None = None
+
+    @classmethod
+    def standard(cls) -> "QualitySuite":
+        from assets.quality.standard import standard_raw_expectations, standard_shard_expectations
+
+        return cls(raw=standard_raw_expectations, shards=standard_shard_expectations)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Triggers:
+    """When a pipeline retrains: on a cron schedule, and/or when new source data lands on ``main``."""
+
+    cron: str | None = None  # e.g. "0 3 * * 1"; None: no schedule
+    timezone: str = "UTC"
+    on_new_data: bool = True  # sensor on the store's sources/ area (or, for shared data, the shards)
+    sensor_interval_s: int = 60
+    active: bool = False  # start the schedule and sensor as running (otherwise turn them on in the UI)
+
+
+@dataclass(frozen=True, kw_only=True)
 class PipelineSpec:
     name: str
-    source: Source
-    feature_columns: tuple[str, ...]
-    label_column: str
-    class_names: tuple[str, ...]
+    source: Source | None = None
+    dataset: str | None = None  # another pipeline's name: train on its shards instead of a source
+    feature_columns: tuple[str, ...] = ()
+    label_column: str = ""
+    class_names: tuple[str, ...] = ()
     id_column: str | None = None
+    expectations: QualitySuite = field(default_factory=QualitySuite.standard)
+    triggers: Triggers = field(default_factory=Triggers)
+    team: str = "ml"
     model: str = "mlp"
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     recipe: Recipe = field(default_factory=Recipe)
@@ -100,13 +135,22 @@ class PipelineSpec:
     split: Split = field(default_factory=Split)
     feature_shape: tuple[int, ...] | None = None  # defaults to (len(feature_columns),)
     description: str = ""
+    owner_fields_filled: bool = field(default=False, repr=False)  # set by sharing(), not by users
 
     def __post_init__(self) -> None:
         n = self.name
-        if not isinstance(n, str) or not _NAME.match(n):
+        if not isinstance(n, str) or not _NAME.fullmatch(n):
             _fail(str(n), "name", "use 1-63 lowercase letters, digits and '_', starting with a letter")
-        if not self.source.paths and self.source.loader is None:
-            _fail(n, "source", "give file paths/globs (CSV or Parquet) or a loader function")
+        self._check_common(n)
+        if self.dataset is not None:
+            if not self.owner_fields_filled:
+                self._check_shared(n)
+            return
+        if self.source is None or (not self.source.paths and self.source.loader is None):
+            _fail(n, "source", "give file paths/globs (CSV or Parquet), a loader function, or dataset=<pipeline>")
+        if self.expectations.raw is None or self.expectations.shards is None:
+            _fail(n, "expectations", "the expectation suite is empty; give raw and shards suites "
+                  "(QualitySuite.standard() is a start)")
         if not self.feature_columns:
             _fail(n, "feature_columns", "list at least one feature column")
         if len(set(self.feature_columns)) != len(self.feature_columns):
@@ -127,6 +171,16 @@ class PipelineSpec:
             if size != len(self.feature_columns):
                 _fail(n, "feature_shape", f"{self.feature_shape} holds {size} values but there are "
                       f"{len(self.feature_columns)} feature columns")
+
+    def _check_shared(self, n: str) -> None:
+        if not isinstance(self.dataset, str) or not _NAME.fullmatch(self.dataset) or self.dataset == n:
+            _fail(n, "dataset", f"{self.dataset!r} must name another pipeline")
+        taken = [f for f in ("source", "feature_columns", "label_column", "class_names", "id_column",
+                             "feature_shape") if getattr(self, f)]
+        if taken:
+            _fail(n, taken[0], f"comes from the shared dataset {self.dataset!r}; leave it out")
+
+    def _check_common(self, n: str) -> None:
         r = self.recipe
         for fname in ("epochs", "batch_size", "world_size", "nnodes", "grad_accum_steps", "checkpoint_every_steps",
                       "keep_last_checkpoints"):
@@ -136,11 +190,106 @@ class PipelineSpec:
             _fail(n, "recipe.lr", "must be positive")
         if not 0.0 <= self.gate.min_test_accuracy <= 1.0:
             _fail(n, "gate.min_test_accuracy", "must lie between 0 and 1")
+        if r.gpus_per_node < 0:
+            _fail(n, "recipe.gpus_per_node", "must be 0 (CPU) or more")
+        if not _NAME.fullmatch(self.team or ""):
+            _fail(n, "team", "use lowercase letters, digits and '_'")
         _check_model_name(n, self.model)
+        if self.triggers.cron is not None:
+            from dagster._utils.schedules import is_valid_cron_string
+
+            if not is_valid_cron_string(self.triggers.cron):
+                _fail(n, "triggers.cron", f"{self.triggers.cron!r} is not a cron expression")
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.feature_shape or (len(self.feature_columns),)
+
+    @property
+    def dataset_name(self) -> str:
+        """Whose raw data and shards this pipeline trains on (its own name unless shared)."""
+        return self.dataset or self.name
+
+    @property
+    def gpus(self) -> int:
+        """GPU units one training run takes from the cluster's capacity."""
+        return self.recipe.gpus_per_node * self.recipe.nnodes
+
+    def sharing(self, owner: "PipelineSpec") -> "PipelineSpec":
+        """This spec with the data fields of the pipeline that owns its dataset."""
+        if owner.dataset is not None:
+            _fail(self.name, "dataset", f"{owner.name!r} itself trains on shared data; name the owner "
+                  f"{owner.dataset!r} instead")
+        return replace(self, feature_columns=owner.feature_columns, label_column=owner.label_column,
+                       class_names=owner.class_names, id_column=owner.id_column, feature_shape=owner.feature_shape,
+                       split=owner.split, owner_fields_filled=True)
+
+
+def resolve_shared(specs: Sequence[PipelineSpec]) -> list[PipelineSpec]:
+    """Fill in shared-dataset pipelines from their owners; refuse duplicates and unknown owners."""
+    names = [s.name for s in specs]
+    for spec in specs:
+        if names.count(spec.name) > 1:
+            _fail(spec.name, "name", "is defined twice; each pipeline needs its own name "
+                  "(pipeline names are also asset key prefixes)")
+    by_name = {s.name: s for s in specs}
+    out = []
+    for spec in specs:
+        if spec.dataset is None:
+            out.append(spec)
+            continue
+        if spec.dataset not in by_name:
+            _fail(spec.name, "dataset", f"no pipeline named {spec.dataset!r}; known: {sorted(by_name)}")
+        out.append(spec.sharing(by_name[spec.dataset]))
+    return out
+
+
+def model_pipeline(
+    name: str, *, source: str | Sequence[str] | Callable[[], pd.DataFrame] | Source | None = None,
+    dataset: str | None = None, features: Sequence[str] = (), label: str = "", classes: Sequence[Any] = (),
+    id_column: str | None = None, expectations: QualitySuite | None = None, model: str = "mlp",
+    model_kwargs: Mapping[str, Any] | None = None, recipe: Recipe | Mapping[str, Any] | None = None,
+    gate: QualityGate | Mapping[str, Any] | None = None, triggers: Triggers | Mapping[str, Any] | None = None,
+    feature_shape: Sequence[int] | None = None, split: Split | Mapping[str, Any] | None = None,
+    team: str = "ml", description: str = "",
+) -> PipelineSpec:
+    """Declare a model pipeline: raw_dataset -> shards -> checkpoint -> model_version.
+
+    ``source`` is a path/glob (or several) of CSV/Parquet files under the sources root, a
+    function returning a DataFrame, or a ``Source``; ``dataset="other"`` trains on another
+    pipeline's shards instead (then leave out source, features, label and classes). ``model`` is
+    a registry name (``mlp``, ``cnn``, ``transformer``) or ``"package.module:factory"``.
+    ``recipe``, ``gate``, ``triggers`` and ``split`` take the dataclasses or plain dicts of their
+    fields. ``build_definitions`` turns the returned spec into assets with blocking Great
+    Expectations checks, a training job, a schedule and a new-data sensor. Mistakes raise
+    ``PipelineDefinitionError`` naming the pipeline and the field when definitions load.
+    """
+    if isinstance(source, str):
+        source = Source(paths=(source,))
+    elif callable(source) and not isinstance(source, Source):
+        source = Source(loader=source)
+    elif source is not None and not isinstance(source, Source):
+        source = Source(paths=tuple(source))
+    return PipelineSpec(
+        name=name, source=source, dataset=dataset, feature_columns=tuple(features), label_column=label,
+        class_names=tuple(str(c) for c in classes), id_column=id_column,
+        expectations=expectations if expectations is not None else QualitySuite.standard(),
+        model=model, model_kwargs=dict(model_kwargs or {}),
+        recipe=_coerce(name, "recipe", Recipe, recipe), gate=_coerce(name, "gate", QualityGate, gate),
+        triggers=_coerce(name, "triggers", Triggers, triggers), split=_coerce(name, "split", Split, split),
+        feature_shape=tuple(feature_shape) if feature_shape else None, team=team, description=description,
+    )
+
+
+def _coerce(pipeline: str, field_name: str, cls: type, value: Any) -> Any:
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(**dict(value))
+    except TypeError as exc:
+        _fail(pipeline, field_name, f"{exc}; the fields are {[f.name for f in fields(cls)]}")
 
 
 def _check_model_name(pipeline: str, model: str) -> None:

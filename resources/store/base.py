@@ -66,7 +66,7 @@ class DiffEntry:
 
 def validate_ref_name(name: str, what: str = "branch") -> str:
     """Refuse names lakeFS would refuse, with a message naming the rule."""
-    if not isinstance(name, str) or not _REF_NAME.match(name):
+    if not isinstance(name, str) or not _REF_NAME.fullmatch(name):
         raise StoreError(
             f"invalid {what} name {name!r}: use 1-255 characters, letters, digits, '_' and '-', "
             "starting with a letter, digit or '_'"
@@ -97,7 +97,7 @@ _REPOSITORY_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
 
 def validate_repository_name(name: str) -> str:
     """Refuse repository names lakeFS would refuse, with a message naming the rule."""
-    if not isinstance(name, str) or not _REPOSITORY_NAME.match(name):
+    if not isinstance(name, str) or not _REPOSITORY_NAME.fullmatch(name):
         raise StoreError(
             f"invalid repository name {name!r}: use 3-63 lowercase letters, digits and '-', "
             "starting with a letter or digit"
