@@ -112,3 +112,64 @@ def wrap_model(model: nn.Module, sharding: str, info: DistInfo) -> nn.Module:
 
 def unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
+
+
+# ---------------------------------------------------------------- full (unsharded) state
+# Checkpoints hold full state keyed by parameter name, in the format of torch.distributed.checkpoint
+# .state_dict's full_state_dict helpers, so DDP and FSDP runs can resume from each other. The DDP path
+# builds it from the plain state dicts: importing the DCP helpers costs seconds at start-up.
+def _dcp_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_model_state(model: nn.Module, sharding: str) -> dict[str, Any]:
+    """Collective for FSDP. Full parameters on rank 0 (FSDP: on CPU, other ranks get {})."""
+    if sharding == "fsdp":
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=_dcp_options(cpu_offload=True))
+    return dict(unwrap(model).state_dict())
+
+
+def _index_to_name(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[int, str]:
+    names = {id(p): n for n, p in unwrap(model).named_parameters()}
+    out, i = {}, 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            out[i] = names[id(p)]
+            i += 1
+    return out
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sharding: str) -> dict[str, Any]:
+    """Optimizer state keyed by parameter name ({"state": {name: ...}, "param_groups": [...]})."""
+    if sharding == "fsdp":
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=_dcp_options(cpu_offload=True))
+    sd = optimizer.state_dict()
+    name = _index_to_name(model, optimizer)
+    return {"state": {name[i]: s for i, s in sd["state"].items()},
+            "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in sd["param_groups"]]}
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any],
+                    optim_state: dict[str, Any], sharding: str) -> None:
+    """Load full state (as written by the two functions above) into a DDP or FSDP model."""
+    if sharding == "fsdp":
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        set_model_state_dict(model, model_state, options=_dcp_options())
+        set_optimizer_state_dict(model, optimizer, optim_state, options=_dcp_options())
+        return
+    unwrap(model).load_state_dict(model_state)
+    index = {n: i for i, n in _index_to_name(model, optimizer).items()}
+    missing = set(index) - set(n for g in optim_state["param_groups"] for n in g["params"])
+    if missing:
+        raise ValueError(f"checkpoint optimizer state lacks parameters {sorted(missing)}")
+    optimizer.load_state_dict({
+        "state": {index[n]: s for n, s in optim_state["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
+                         for g in optim_state["param_groups"]]})

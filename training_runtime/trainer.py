@@ -17,25 +17,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from . import checkpoint as ckpt
 from .config import ConfigError, RunConfig
 from .data import PrefetchLoader, SplitData, epoch_indices, resolve_shards, steps_per_epoch
-from .distributed import DistInfo, all_gather_object, broadcast_object, raise_if_any_failed, wrap_model
+from .distributed import (
+    DistInfo, all_gather_object, broadcast_object, full_model_state, full_optimizer_state,
+    load_full_state, raise_if_any_failed, wrap_model)
 from .models import build_model
 from .telemetry import LogReporter, Reporter, SystemStats, progress_line
 
 log = logging.getLogger(__name__)
 
-# Settings that may differ between a checkpoint and the run resuming from it.
-_RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches"}
+# Settings that may differ between a checkpoint and the run resuming from it (checkpoints hold
+# full, unsharded state, so DDP and FSDP runs resume from each other).
+_RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches", "sharding"}
 
 
 @dataclass(frozen=True)
@@ -120,14 +116,12 @@ class Trainer:
             self.optimizer, lambda s: lr_multiplier(t.lr_schedule, t.warmup_steps, self.total_steps, s))
 
     # ------------------------------------------------------------ checkpoints
-    def _state_options(self) -> StateDictOptions:
-        return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
     def _save(self, step: int) -> float:
         """Collective. Returns the time training stood still for this save."""
         t0 = time.perf_counter()
-        model_sd = get_model_state_dict(self.model, options=self._state_options())
-        optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=self._state_options())
+        sharding = self.cfg.train.sharding
+        model_sd = full_model_state(self.model, sharding)
+        optim_sd = full_optimizer_state(self.model, self.optimizer, sharding)
         rngs = all_gather_object(ckpt.rng_state(self.info.device))
         if self.info.is_main:
             state = {
@@ -161,9 +155,8 @@ class Trainer:
             raise ConfigError(
                 f"checkpoint.dir {root} holds checkpoints of a different run ({path}: model, data or "
                 "train settings differ); use a fresh checkpoint.dir or restore the original config")
-        opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=opts)
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
+        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"],
+                        self.cfg.train.sharding)
         self.scheduler.load_state_dict(state["scheduler"])
         if state["world_size"] == self.info.world_size:
             ckpt.set_rng_state(state["rng"][self.info.rank], self.info.device)
@@ -297,7 +290,7 @@ class Trainer:
             stall += self._save(step)
         if info.is_main:
             self.writer.wait()
-        final_sd = get_model_state_dict(self.model, options=self._state_options())
+        final_sd = full_model_state(self.model, cfg.train.sharding)
         metrics = {
             "final_loss": last_loss if steps_done else self._last_recorded_loss(),
             "samples_per_second": samples / wall if steps_done else 0.0,

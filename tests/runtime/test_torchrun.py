@@ -1,0 +1,145 @@
+"""End-to-end runs under real ``torchrun`` with 2 gloo ranks on a tiny synthetic problem."""
+
+import copy
+import json
+import random
+import shutil
+
+import pytest
+import torch
+
+from training_runtime.evaluate import evaluate
+from tests.runtime.helpers import make_config, make_dataset, torchrun
+
+pytestmark = pytest.mark.slow
+
+TOTAL_STEPS = 24  # 192 samples, global batch 16, 2 epochs
+EVERY = 4
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    manifest, locations = make_dataset(root)
+    return root, manifest, locations
+
+
+@pytest.fixture(scope="module")
+def baseline(problem):
+    root, manifest, locations = problem
+    cfg = make_config(root, manifest, locations, name="baseline")
+    proc = torchrun(cfg, root / "baseline.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return cfg, proc
+
+
+def _out(cfg):
+    from pathlib import Path
+    return Path(cfg["output_dir"])
+
+
+def _weights(cfg):
+    return torch.load(_out(cfg) / "weights.pt", weights_only=True)
+
+
+def _metrics(cfg):
+    return json.loads((_out(cfg) / "metrics.json").read_text())
+
+
+def _assert_same_weights(a, b, exact=False):
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_outputs_metrics_and_evaluation(baseline, problem):
+    cfg, proc = baseline
+    _, manifest, locations = problem
+    m = _metrics(cfg)
+    for key in ("final_loss", "samples_per_second", "data_wait_share", "steps", "epochs", "world_size",
+                "backend", "loss_history", "lr_history", "per_rank_step_time_s",
+                "checkpoint_stall_s_total", "resumed_from_step"):
+        assert key in m, key
+    assert m["steps"] == TOTAL_STEPS and m["epochs"] == 2 and m["world_size"] == 2
+    assert m["backend"] == "gloo" and m["resumed_from_step"] is None
+    assert len(m["per_rank_step_time_s"]) == 2 and 0 <= m["data_wait_share"] <= 1
+    assert m["loss_history"][-1][0] == TOTAL_STEPS
+    assert m["loss_history"][-1][1] < m["loss_history"][0][1]  # it learns
+    lrs = [lr for _, lr in m["lr_history"]]
+    assert lrs == sorted(lrs, reverse=True)  # cosine decay
+    resolved = json.loads((_out(cfg) / "resolved_config.json").read_text())
+    assert resolved["world_size"] == 2 and resolved["backend"] == "gloo" and resolved["device"] == "cpu"
+    assert resolved["train"] == cfg["train"] | {k: resolved["train"][k] for k in resolved["train"]
+                                                if k not in cfg["train"]}
+    assert "step 24/24 (100%)" in proc.stderr  # the rank-0 progress line
+    ckpts = sorted(p.name for p in (_out(cfg).parent / "ckpt").iterdir())
+    assert ckpts == ["step_000000016", "step_000000020", "step_000000024"]  # keep_last 3
+    res = evaluate(_out(cfg), manifest, locations, split="test")
+    assert res["num_samples"] == 64 and res["accuracy"] > 0.5  # 4 classes: chance is 0.25
+
+
+def test_identical_runs_end_with_identical_weights(baseline, problem):
+    root, manifest, locations = problem
+    cfg = make_config(root, manifest, locations, name="again", checkpoint={"async_save": True})
+    proc = torchrun(cfg, root / "again.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _assert_same_weights(_weights(baseline[0]), _weights(cfg), exact=True)
+    assert _metrics(cfg)["final_loss"] == _metrics(baseline[0])["final_loss"]
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(baseline, problem):
+    root, manifest, locations = problem
+    seed = random.randrange(1 << 30)
+    kill_step = random.Random(seed).randint(2, TOTAL_STEPS - 1)
+    cfg = make_config(root, manifest, locations, name="killed")
+    proc = torchrun(cfg, root / "killed.json", max_restarts=1,
+                    env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": f"1:{kill_step}"})
+    assert proc.returncode == 0, f"kill step {kill_step} (seed {seed}): {proc.stderr[-4000:]}"
+    m = _metrics(cfg)
+    resumed = m["resumed_from_step"] or 0  # None: killed before the first checkpoint
+    assert m["restart_count"] == 1, f"kill step {kill_step}"
+    assert 0 <= kill_step - resumed <= EVERY, (kill_step, resumed)
+    assert m["steps"] == TOTAL_STEPS and m["steps_this_attempt"] == TOTAL_STEPS - resumed
+    _assert_same_weights(_weights(baseline[0]), _weights(cfg))
+
+
+def test_fsdp_matches_ddp_and_skips_a_corrupt_checkpoint_on_resume(baseline, problem):
+    root, manifest, locations = problem
+    cfg = make_config(root, manifest, locations, name="fsdp", sharding="fsdp")
+    proc = torchrun(cfg, root / "fsdp.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _metrics(cfg)["final_loss"] == pytest.approx(_metrics(baseline[0])["final_loss"], rel=1e-5)
+    _assert_same_weights(_weights(baseline[0]), _weights(cfg))
+
+    # Resume an FSDP run from its checkpoints with the newest one corrupted.
+    cfg2 = copy.deepcopy(cfg)
+    cfg2["checkpoint"]["dir"] = str(root / "fsdp_resume" / "ckpt")
+    cfg2["output_dir"] = str(root / "fsdp_resume" / "out")
+    shutil.copytree(cfg["checkpoint"]["dir"], cfg2["checkpoint"]["dir"])
+    newest = root / "fsdp_resume" / "ckpt" / "step_000000024" / "state.pt"
+    newest.write_bytes(newest.read_bytes()[:-100])
+    proc = torchrun(cfg2, root / "fsdp_resume.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "skipping corrupt checkpoint" in proc.stderr and "step_000000024" in proc.stderr
+    assert _metrics(cfg2)["resumed_from_step"] == 20
+    _assert_same_weights(_weights(cfg), _weights(cfg2))
+
+
+def test_checksum_mismatch_fails_on_every_rank_before_training(problem):
+    root, manifest, locations = problem
+    bad = root / "corrupt" / "00000.bin"
+    bad.parent.mkdir(exist_ok=True)
+    raw = bytearray((root / "shards/train/00000.bin").read_bytes())
+    raw[100] ^= 0xFF
+    bad.write_bytes(bytes(raw))
+    locs = {**locations, "shards/train/00000.bin": bad.as_uri()}
+    cfg = make_config(root, manifest, locs, name="bad_checksum")
+    proc = torchrun(cfg, root / "bad_checksum.json")
+    assert proc.returncode != 0
+    assert "checksum mismatch for shard 'shards/train/00000.bin'" in proc.stderr, proc.stderr[-4000:]
+    assert "shard verification failed on rank 0" in proc.stderr  # rank 1 stops too, no hang
+    assert "training mlp on" not in proc.stderr  # the loop never started
+    assert not _out(cfg).exists()

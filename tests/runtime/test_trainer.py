@@ -1,0 +1,111 @@
+"""The trainer in-process as a world of one rank, and the entry point's early failures."""
+
+import json
+
+import pytest
+import torch
+
+from training_runtime.__main__ import main
+from training_runtime.config import ConfigError, RunConfig
+from training_runtime.data import DataError
+from training_runtime.trainer import Trainer, lr_multiplier
+from tests.runtime.helpers import make_config, make_dataset
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inproc")
+    manifest, locations = make_dataset(root, n_train=64, n_test=16, feature_shape=(16,), per_shard=20)
+    return root, manifest, locations
+
+
+def _run(problem, info, name, **train):
+    root, manifest, locations = problem
+    d = make_config(root, manifest, locations, name=name, **train)
+    model = d.pop("_model", None)
+    cfg = RunConfig.from_dict(d)
+    metrics = Trainer(cfg, info).run()
+    return cfg, metrics, torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
+
+
+def test_grad_accumulation_matches_one_big_batch(problem, world_of_one):
+    _, m1, w1 = _run(problem, world_of_one, "accum1", optimizer="sgd", max_steps=6)
+    _, m2, w2 = _run(problem, world_of_one, "accum4", optimizer="sgd", max_steps=6,
+                     grad_accum_steps=4)
+    assert m1["steps"] == m2["steps"] == 6
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model, kwargs, precision", [
+    ("cnn", {"channels": 4}, "fp32"),
+    ("transformer", {"d_model": 16, "nhead": 2, "num_layers": 1, "dim_feedforward": 32}, "fp32"),
+    ("mlp", {"hidden_sizes": [16], "dropout": 0.1}, "bf16"),
+])
+def test_models_and_precisions_train(problem, world_of_one, model, kwargs, precision):
+    root, manifest, locations = problem
+    d = make_config(root, manifest, locations, name=f"m_{model}_{precision}", model=model,
+                    model_kwargs=kwargs, precision=precision, max_steps=5,
+                    lr_schedule="linear_warmup_cosine", warmup_steps=2)
+    cfg = RunConfig.from_dict(d)
+    m = Trainer(cfg, world_of_one).run()
+    assert m["steps"] == 5 and m["world_size"] == 1
+    assert torch.isfinite(torch.tensor(m["final_loss"]))
+    lrs = dict(m["lr_history"])  # the LR each optimizer step used: warmup over 2 steps
+    assert lrs[1] == pytest.approx(0.005) and lrs[2] == pytest.approx(0.01) and lrs[5] < 0.01
+
+
+def test_lr_schedules():
+    assert [lr_multiplier("linear_warmup_cosine", 4, 12, s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_multiplier("linear_warmup_cosine", 4, 12, 8) == pytest.approx(0.5)
+    assert lr_multiplier("cosine", 0, 10, 0) == 1.0 and lr_multiplier("cosine", 0, 10, 10) == 0.0
+    assert lr_multiplier("constant", 0, 10, 7) == 1.0
+    assert lr_multiplier("constant", 2, 10, 0) == 0.5
+
+
+def test_finished_run_restarts_idempotently(problem, world_of_one):
+    cfg, m1, w1 = _run(problem, world_of_one, "twice", max_steps=4)
+    m2 = Trainer(cfg, world_of_one).run()
+    assert m2["resumed_from_step"] == 4 and m2["steps_this_attempt"] == 0
+    assert m2["final_loss"] == m1["final_loss"]
+    w2 = torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
+    for k in w1:
+        assert torch.equal(w1[k], w2[k])
+
+
+def test_checkpoints_of_another_run_are_refused(problem, world_of_one):
+    root, manifest, locations = problem
+    cfg, _, _ = _run(problem, world_of_one, "other", max_steps=4)
+    d = make_config(root, manifest, locations, name="other", max_steps=4, lr=0.5)
+    with pytest.raises(ConfigError, match="holds checkpoints of a different run"):
+        Trainer(RunConfig.from_dict(d), world_of_one).run()
+
+
+def test_missing_shard_fails_before_training(problem, world_of_one, tmp_path):
+    root, manifest, locations = problem
+    locs = {**locations, "shards/train/00002.bin": (tmp_path / "gone.bin").as_uri()}
+    cfg = RunConfig.from_dict(make_config(root, manifest, locs, name="missing"))
+    with pytest.raises(DataError, match=r"shard 'shards/train/00002.bin' is missing"):
+        Trainer(cfg, world_of_one).run()
+    assert not (root / "missing").exists()
+
+
+@pytest.mark.parametrize("change, env, message", [
+    ({"model": {"name": "resnet50", "kwargs": {}}}, {}, "model.name 'resnet50' is unknown"),
+    ({"train": {"batch_size": 15}}, {"WORLD_SIZE": "2"},
+     "train.batch_size=15 is not divisible by world_size (2)"),
+    ({"train": {"batch_size": 128}}, {"WORLD_SIZE": "128"}, "world_size 128 exceeds the 64 training"),
+])
+def test_entry_point_rejects_config_before_training(problem, tmp_path, monkeypatch, change, env, message):
+    root, manifest, locations = problem
+    d = make_config(root, manifest, locations, name="entry")
+    for section, value in change.items():
+        d[section].update(value)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(d))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as e:
+        main(["--config", str(path)])
+    assert message in str(e.value)
+    assert not (root / "entry").exists()
