@@ -1,0 +1,255 @@
+"""Measurements that run in the platform's .venv, one per process:
+``python -m benchmarks.probes NAME --args JSON`` prints one JSON line.
+
+- ``stall``: share of step time the runtime's loader keeps a fixed-cost compute step waiting.
+- ``preprocess``: raw CSV -> shards, by the platform (``load_frame`` + ``build_shards``), by the
+  proposed chunked path, or by pyarrow + numpy writing the same bytes.
+- ``checkpoint``: the runtime's synchronous checkpoint against ``torch.save``; the asynchronous
+  mode's training stall against the synchronous save.
+- ``load``: one epoch of the runtime's loader (for the growth figure).
+Peak memory (RSS and anonymous RSS) is sampled during the measured section; ``--data-limit-mb``
+caps the process's data segment (RLIMIT_DATA: heap and anonymous mappings, not file-backed maps)
+at that many MB above what it uses after imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import math
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import PeakMemory, emit
+
+
+def _limit_data(extra_mb: float | None) -> int | None:
+    if not extra_mb:
+        return None
+    with open("/proc/self/status") as f:
+        data_kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmData:"))
+    limit = data_kb * 1024 + int(extra_mb * 2**20)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return limit
+
+
+# ---------------------------------------------------------------- data stall
+def stall(a: dict) -> dict:
+    import torch
+
+    from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
+
+    torch.set_num_threads(1)
+    data = Path(a["data"])
+    man = json.loads((data / "shards" / "manifest.json").read_text())
+    paths = [data / "shards" / s["path"] for s in man["splits"]["train"]["shards"]]
+    split = SplitData(man, paths, "train")
+    dim = math.prod(man["feature_shape"])
+    w = torch.randn(dim, a["width"])
+    xb = torch.randn(a["batch"], dim)
+
+    def compute(x: torch.Tensor) -> torch.Tensor:
+        return (x @ w).relu_().sum()
+
+    for _ in range(3):
+        compute(xb)
+    t = time.perf_counter()
+    for _ in range(20):
+        compute(xb)
+    step_s = (time.perf_counter() - t) / 20
+    total = wait = 0.0
+    steps = 0
+    t_end = time.perf_counter() + a["seconds"]
+    epoch = 0
+    while time.perf_counter() < t_end:
+        idx = epoch_indices(split.num_samples, 1, 0, epoch, 0)
+        loader = PrefetchLoader(split, idx, a["batch"], 0, torch.device("cpu"),
+                                num_workers=a["workers"], prefetch_batches=a["prefetch"])
+        t0 = time.perf_counter()
+        for b in loader:
+            compute(b.x)
+            steps += 1
+        total += time.perf_counter() - t0
+        wait += loader.wait_s
+        epoch += 1
+    return {"stall_share": wait / total, "wait_s": wait, "loop_s": total, "steps": steps,
+            "epochs": epoch, "compute_step_s": step_s, "workers": a["workers"]}
+
+
+# ---------------------------------------------------------------- preprocessing
+def _bench_spec(csv_name: str, dim: int, samples_per_shard: int):
+    from assets.spec import PipelineSpec, Source, Split
+
+    return PipelineSpec(
+        name="bench", source=Source(paths=(csv_name,)), feature_columns=tuple(f"f{i}" for i in range(dim)),
+        label_column="label", id_column="sample_id", class_names=tuple(str(c) for c in range(10)),
+        split=Split(seed=0, samples_per_shard=samples_per_shard))
+
+
+def _digest(out: Path, manifest: dict) -> str:
+    h = hashlib.sha256()
+    for split in sorted(manifest["splits"]):
+        for s in manifest["splits"][split]["shards"]:
+            h.update(s["sha256"].encode())
+    h.update(json.dumps(manifest["normalisation"], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def preprocess(a: dict) -> dict:
+    src = Path(a["source"])
+    dim, sps, how = a["dim"], a["samples_per_shard"], a["how"]
+    if how == "platform":
+        from assets.sharding import build_shards
+        from assets.source import load_frame
+    elif how == "chunked":
+        from benchmarks.proposed.chunked_shards import build_shards_chunked
+    else:
+        import pyarrow.csv as pacsv
+    import pandas  # noqa: F401  (imported before the limit so only the work counts)
+
+    spec = _bench_spec(src.name, dim, sps)  # validating a spec imports torch: not part of the work
+    limit = _limit_data(a.get("data_limit_mb"))
+    source_bytes = src.stat().st_size
+    result: dict = {"how": how, "source_bytes": source_bytes, "data_limit_bytes": limit}
+    with tempfile.TemporaryDirectory(dir=a.get("tmp")) as tmp, PeakMemory() as mem:
+        out = Path(tmp)
+        t0 = time.perf_counter()
+        try:
+            if how == "platform":
+                frame, _ = load_frame(spec, src.parent)
+                manifest = build_shards(
+                    frame, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
+                    class_names=spec.class_names, id_column=spec.id_column, feature_shape=spec.shape,
+                    seed=0, fractions=(0.8, 0.1, 0.1), samples_per_shard=sps)
+                result["digest"] = _digest(out, manifest)
+            elif how == "chunked":
+                manifest = build_shards_chunked(
+                    spec, [src], out_dir=out, seed=0, fractions=(0.8, 0.1, 0.1), samples_per_shard=sps,
+                    chunk_rows=a.get("chunk_rows", 8192))
+                result["digest"] = _digest(out, manifest)
+            else:  # pyarrow reads, numpy writes the same bytes (features then labels per shard)
+                table = pacsv.read_csv(src)
+                cols = [f"f{i}" for i in range(dim)]
+                x = np.empty((table.num_rows, dim), dtype="<f4")
+                for j, c in enumerate(cols):
+                    x[:, j] = table.column(c).to_numpy()
+                y = table.column("label").to_numpy().astype("<i8")
+                for i, s in enumerate(range(0, len(y), sps)):
+                    with open(out / f"{i:05d}.bin", "wb") as f:
+                        x[s:s + sps].tofile(f)
+                        y[s:s + sps].tofile(f)
+            result["ok"] = True
+        except MemoryError as e:
+            result.update(ok=False, error=f"MemoryError: {e}")
+        result["seconds"] = time.perf_counter() - t0
+    result.update(peak_rss_bytes=mem.peak_rss, peak_anon_bytes=mem.peak_anon,
+                  mb_per_s=source_bytes / 2**20 / result["seconds"])
+    return result
+
+
+# ---------------------------------------------------------------- checkpointing
+def _train_state(hidden: int, layers: int):
+    import torch
+
+    from training_runtime import checkpoint as ckpt
+
+    torch.manual_seed(0)
+    mods = []
+    width = 1024
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, hidden), torch.nn.ReLU()]
+        width = hidden
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(width, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 1024)).sum().backward()
+    opt.step()
+    return {"step": 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "rng": [ckpt.rng_state(torch.device("cpu"))]}
+
+
+def checkpoint(a: dict) -> dict:
+    import torch
+
+    from training_runtime import checkpoint as ckpt
+
+    state = _train_state(a["hidden"], a["layers"])
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    nbytes = len(buf.getvalue())
+    root = Path(a["dir"])
+    root.mkdir(parents=True, exist_ok=True)
+    times: dict[str, list[float]] = {"torch_save": [], "sync": [], "async_stall": [], "sync_stall": []}
+    for rep in range(a["reps"]):
+        order = ["torch_save", "sync", "async", "sync_writer"]
+        order = order[rep % 4:] + order[:rep % 4]
+        for what in order:
+            if what == "torch_save":
+                p = root / "plain.pt"
+                t = time.perf_counter()
+                torch.save(state, p)
+                times["torch_save"].append(time.perf_counter() - t)
+                p.unlink()
+            elif what == "sync":
+                t = time.perf_counter()
+                ckpt.write_checkpoint(root / "sync", rep, state)
+                times["sync"].append(time.perf_counter() - t)
+            else:
+                w = ckpt.CheckpointWriter(str(root / what), keep_last=1, async_save=what == "async")
+                t = time.perf_counter()
+                # what Trainer._save does on rank 0 after the state dicts are gathered
+                w.save(rep, ckpt.copy_to_cpu(state) if what == "async" else state)
+                dt = time.perf_counter() - t
+                w.wait()
+                times["async_stall" if what == "async" else "sync_stall"].append(dt)
+    return {"state_bytes": nbytes, "times": times}
+
+
+# ---------------------------------------------------------------- loading (growth)
+def load(a: dict) -> dict:
+    import torch
+
+    from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
+
+    data = Path(a["data"])
+    man = json.loads((data / "shards" / "manifest.json").read_text())
+    paths = [data / "shards" / s["path"] for s in man["splits"]["train"]["shards"]]
+    for p in paths:  # page cache warm, as in the throughput figure
+        with open(p, "rb") as f:
+            while f.read(8 << 20):
+                pass
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        split = SplitData(man, paths, "train")
+        n = 0
+        for e in range(a["epochs"]):
+            idx = epoch_indices(split.num_samples, 1, 0, e, 0)
+            for b in PrefetchLoader(split, idx, 256, 0, torch.device("cpu"), num_workers=2):
+                n += len(b.y)
+        dt = time.perf_counter() - t0
+    return {"samples": n, "seconds": dt, "peak_rss_bytes": mem.peak_rss, "peak_anon_bytes": mem.peak_anon,
+            "data_bytes": sum(p.stat().st_size for p in paths)}
+
+
+PROBES = {"stall": stall, "preprocess": preprocess, "checkpoint": checkpoint, "load": load}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.probes")
+    ap.add_argument("probe", choices=sorted(PROBES))
+    ap.add_argument("--args", required=True, help="JSON object of the probe's arguments")
+    a = ap.parse_args(argv)
+    emit(PROBES[a.probe](json.loads(a.args)))
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
