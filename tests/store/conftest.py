@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -12,14 +10,9 @@ import pytest
 from resources.store.lakefs import LakeFSVersionedStore
 from resources.store.local import LocalVersionedStore
 from tests.support.lakefs_server import LakeFSTestServer
+from tests.support.store_backends import fresh_repository_name, make_lakefs_store
 
 REAL_LAKEFS_ENV = ("LAKEFS_ENDPOINT", "LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY")
-_counter = itertools.count()
-
-
-def fresh_repository_name() -> str:
-    # Unique per test so a shared real lakeFS never sees a repository twice.
-    return f"test-{uuid.uuid4().hex[:10]}-{next(_counter)}"
 
 
 @pytest.fixture
@@ -34,18 +27,6 @@ def lakefs_server(tmp_path_factory: pytest.TempPathFactory):
     """The lakeFS-API test server (behind its fault proxy) for the whole session."""
     with LakeFSTestServer(tmp_path_factory.mktemp("lakefs-server"), stall_s=10) as server:
         yield server
-
-
-def make_lakefs_store(server: LakeFSTestServer, repository: str | None = None, **kwargs) -> LakeFSVersionedStore:
-    name = repository or fresh_repository_name()
-    settings = {"max_attempts": 3, "backoff_s": 0.05, "read_timeout_s": 5, **kwargs}
-    store = LakeFSVersionedStore(
-        endpoint=server.endpoint, access_key_id=server.access_key_id,
-        secret_access_key=server.secret_access_key, repository=name,
-        storage_namespace=f"local://{name}", **settings,
-    )
-    store._test_gateway_credentials = (server.access_key_id, server.secret_access_key)
-    return store
 
 
 @pytest.fixture

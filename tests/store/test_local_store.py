@@ -126,57 +126,6 @@ def test_factory_builds_the_local_store_and_refuses_bad_settings(tmp_path: Path)
 
 # --- several processes on one root ------------------------------------------------------------
 
-def _start_workers(tmp_path: Path, root: Path, repository: str, writers: dict[str, dict[str, str]]):
-    start = tmp_path / "go"
-    procs = {}
-    for branch, files in writers.items():
-        spec = {"kind": "local", "settings": {"root": str(root), "repository": repository},
-                "branch": branch, "files": files, "start_file": str(start)}
-        procs[branch] = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.store_workers", json.dumps(spec)],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        )
-    # Open the gate once every worker has created its branch.
-    store = LocalVersionedStore(root, repository)
-    while set(store.list_branches()) != {MAIN, *writers}:
-        for branch, proc in procs.items():
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {branch} exited early: {proc.stderr.read()}")
-        time.sleep(0.02)
-    start.touch()
-    results = {}
-    for branch, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        results[branch] = json.loads(out)
-    return results
-
-
-def test_two_processes_publishing_disjoint_paths_both_land_on_main(local_store, tmp_path: Path):
-    writers = {f"run-{w}": {f"run-{w}/part-{i}.txt": f"{w}:{i}" for i in range(20)} for w in "ab"}
-    results = _start_workers(tmp_path, local_store.root, local_store.repository, writers)
-    assert {r["status"] for r in results.values()} == {"merged"}
-    on_main = {o.path: local_store.get_object(MAIN, o.path).decode() for o in local_store.list_objects(MAIN)}
-    assert on_main == {**writers["run-a"], **writers["run-b"]}
-    assert local_store.resolve_ref(MAIN) in {r["head"] for r in results.values()}
-
-
-def test_two_processes_writing_the_same_paths_one_wins_whole(local_store, tmp_path: Path):
-    paths = [f"shared/part-{i}.txt" for i in range(20)]
-    writers = {f"run-{w}": {p: f"{w}" for p in paths} for w in "ab"}
-    results = _start_workers(tmp_path, local_store.root, local_store.repository, writers)
-    statuses = sorted(r["status"] for r in results.values())
-    assert statuses == ["conflict", "merged"]
-    [winner] = [b for b, r in results.items() if r["status"] == "merged"]
-    [loser] = [r for r in results.values() if r["status"] == "conflict"]
-    assert sorted(loser["paths"]) == sorted(paths)
-    # main holds exactly the winner's data: never a mixture, never partial.
-    on_main = {o.path: local_store.get_object(MAIN, o.path).decode() for o in local_store.list_objects(MAIN)}
-    assert on_main == writers[winner]
-    assert local_store.resolve_ref(MAIN) == results[winner]["head"]
-
-
 def test_concurrent_writers_on_one_branch_lose_no_staged_object(local_store, tmp_path: Path):
     code = (
         "import sys; from pathlib import Path; from resources.store.local import LocalVersionedStore as S\n"

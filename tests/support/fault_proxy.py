@@ -2,7 +2,8 @@
 
 ``proxy.inject("503", 2)`` makes the next two requests answer HTTP 503; ``"reset"`` closes the
 connection with a TCP reset instead of answering; ``"stall"`` holds the request without an
-answer until the client's read timeout fires. Every other request goes to the upstream server
+answer until the client's read timeout fires; ``"reset-after"`` forwards the request (so the
+server applies it) and then resets the connection instead of returning the answer. Every other request goes to the upstream server
 unchanged, so clients see real behaviour once the fault clears.
 """
 
@@ -16,7 +17,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
-FAULT_KINDS = ("503", "500", "reset", "stall")
+FAULT_KINDS = ("503", "500", "reset", "stall", "reset-after")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "proxy-connection", "upgrade", "te"}
 
 
@@ -144,9 +145,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.owner._released.wait(self.owner.stall_s)
             self._abort_connection()
             return
-        self._forward(body)
+        self._forward(body, answer=fault != "reset-after")
 
-    def _forward(self, body: bytes) -> None:
+    def _forward(self, body: bytes, answer: bool = True) -> None:
         upstream = http.client.HTTPConnection(*self.owner.upstream, timeout=120)
         try:
             upstream.connect()
@@ -156,6 +157,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             upstream.request(self.command, self.path, body=body, headers=headers)
             response = upstream.getresponse()
             data = response.read()
+            if not answer:
+                self._abort_connection()
+                return
             self.send_response(response.status, response.reason)
             for key, value in response.getheaders():
                 if key.lower() in _HOP_BY_HOP or (key.lower() == "content-length" and self.command != "HEAD"):
