@@ -21,6 +21,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests -q
 
+# Every fault, load, bad-input and security class at full size; writes RELIABILITY.md.
+reliability: $(STAMP)
+	mkdir -p test-artifacts
+	RELIABILITY_FULL=1 RELIABILITY_REPORT=test-artifacts/reliability.json $(PY) -m pytest tests/reliability -q
+	$(PY) -m tests.reliability.report test-artifacts/reliability.json RELIABILITY.md "make reliability"
+
 ui: $(STAMP)
 	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
