@@ -5,18 +5,21 @@ data versions and metadata together.
 """
 
 
+import fnmatch
 import hashlib
 import json
+import re
 import tempfile
 from pathlib import Path
 
 import dagster as dg
 
-from assets import ingest, lineage, plots, training, versions
+from assets import ingest, quality
 from assets.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
 from assets.sharding import build_shards
-from assets.source import SourceError, load_frame
+from assets.source import SourceError, read_source, resolve_source_files, validate_frame
 from assets.spec import PipelineSpec
+from resources.store.base import MAIN
 from resources.platform import (
     ArtifactStoreResource,
     PlatformSettings,
@@ -25,37 +28,71 @@ from resources.platform import (
 )
 
 
+SOURCE_COMMIT_TAG = "platform/source_commit"  # the store commit whose sources/ a run ingests
+SOURCES_PREFIX = "sources/"
+RAW_CHECK, SHARDS_CHECK = "raw_expectations", "shard_expectations"
+# Store and launcher hiccups are retried; data and quality failures raise Failure(allow_retries=False).
+TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPONENTIAL)
+
+
 def asset_keys(name: str) -> dict[str, dg.AssetKey]:
     return {stage: dg.AssetKey([name, stage]) for stage in ("raw_dataset", "shards", "checkpoint", "model_version")}
 
 
+def pipeline_asset_keys(spec: PipelineSpec) -> dict[str, dg.AssetKey]:
+    """A shared-dataset pipeline's raw/shards keys are those of the pipeline that owns the data."""
+    own, data = asset_keys(spec.name), asset_keys(spec.dataset_name)
+    return {"raw_dataset": data["raw_dataset"], "shards": data["shards"], "checkpoint": own["checkpoint"],
+            "model_version": own["model_version"]}
+
+
 def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
+    """The pipeline's assets; one that trains on another pipeline's dataset gets only its own two."""
+    data = [] if spec.dataset else _data_assets(spec)
+    return data + _model_assets(spec)
+
+
+def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     keys = asset_keys(spec.name)
     name = spec.name
 
-    @dg.asset(key=keys["raw_dataset"], group_name=name, kinds={"parquet"},
+    @dg.asset(key=keys["raw_dataset"], group_name=name, kinds={"parquet"}, retry_policy=TRANSIENT_RETRY,
+              check_specs=[dg.AssetCheckSpec(RAW_CHECK, asset=keys["raw_dataset"], blocking=True,
+                                             description="Great Expectations suite on the source as parsed.")],
               description=f"Source data of {name}, validated and committed to the run branch.")
-    def raw_dataset(context: dg.AssetExecutionContext, platform: PlatformSettings,
-                    store: VersionedStoreResource) -> dg.Output[dict]:
+    def raw_dataset(context: dg.AssetExecutionContext, platform: PlatformSettings, store: VersionedStoreResource):
         s = store.get()
+        s.ensure_repository()
+        parsed, sources, source_commit = _read_source(context, spec, s, platform.sources_root)
+        report = quality.run_suite(f"{name}/raw_dataset", spec.expectations.raw(spec),
+                                   quality.raw_tables(spec.feature_columns, spec.label_column, parsed))
+        frame = None
         try:
-            frame, sources = load_frame(spec, platform.sources_root)
+            frame = validate_frame(spec, parsed)
         except SourceError as exc:
-            raise dg.Failure(description=str(exc)) from exc
+            report = report.with_failure(str(exc))
         branch = ensure_run_branch(s, context.run_id)
-        ingest.write_raw(s, branch, name, frame, sources)
-        commit_id = commit_or_head(s, branch, f"Ingest raw data of {name}",
-                                   commit_metadata(context, platform.run_url(context.run_id), rows=str(len(frame))))
-        value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": len(frame),
-                 "branch": branch}
-        return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            "commit_id": commit_id, "rows": len(frame), "columns": len(frame.columns),
-            "sources": dg.MetadataValue.json(sources), "store_link": _link(s, commit_id)})
+        if report.passed:
+            ingest.write_raw(s, branch, name, frame, sources)
+        else:  # keep the evidence on the run branch; nothing of it reaches main
+            s.put_object(branch, ingest.dataset_prefix(name) + "raw/sources.json", json.dumps(sources).encode())
+        commit_id = _commit_checked(context, s, branch, platform, report, "raw_dataset",
+                                    f"Ingest raw data of {name}", rows=str(len(parsed)), source_commit=source_commit or "")
+        value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": len(parsed),
+                 "branch": branch, "source_commit": source_commit, "checks": report.summary()}
+        yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
+            "commit_id": commit_id, "rows": len(parsed), "columns": len(parsed.columns),
+            "sources": dg.MetadataValue.json(sources), "store_link": _link(s, commit_id),
+            **({"source_commit": source_commit} if source_commit else {})})
+        yield from _gate(context, report, keys["raw_dataset"], RAW_CHECK, commit_id, branch)
 
     @dg.asset(key=keys["shards"], group_name=name, ins={"raw": dg.AssetIn(keys["raw_dataset"])}, kinds={"numpy"},
+              retry_policy=TRANSIENT_RETRY,
+              check_specs=[dg.AssetCheckSpec(SHARDS_CHECK, asset=keys["shards"], blocking=True,
+                                             description="Great Expectations suite on the shards read back from the store.")],
               description=f"Seeded train/validation/test split of {name} as checksummed binary shards.")
     def shards(context: dg.AssetExecutionContext, raw: dict, platform: PlatformSettings,
-               store: VersionedStoreResource) -> dg.Output[dict]:
+               store: VersionedStoreResource):
         s = store.get()
         branch = ensure_run_branch(s, context.run_id)
         frame = ingest.read_raw(s, raw["commit_id"], name)
@@ -68,45 +105,65 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                     seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test),
                     samples_per_shard=spec.split.samples_per_shard)
             except ValueError as exc:
-                raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}") from exc
+                raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
+                                 allow_retries=False) from exc
             manifest["source_commit"] = raw["commit_id"]
             _replace_prefix(s, branch, prefix, Path(tmp), manifest)
-        commit_id = commit_or_head(s, branch, f"Shard {name}", commit_metadata(
-            context, platform.run_url(context.run_id), raw_commit=raw["commit_id"]))
+        # Check what the store holds now, read back from the staged shard files.
+        report = quality.run_suite(f"{name}/shards", spec.expectations.shards(spec),
+                                   quality.shard_tables(s, branch, prefix, manifest))
+        commit_id = _commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
+                                    raw_commit=raw["commit_id"])
         counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
         value = {"dataset": name, "commit_id": commit_id, "prefix": prefix, "manifest_path": prefix + "manifest.json",
-                 "raw_commit": raw["commit_id"], "num_samples": counts}
-        return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
+                 "raw_commit": raw["commit_id"], "num_samples": counts,
+                 "checks": {"raw_dataset": raw.get("checks"), "shards": report.summary()}}
+        yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             "commit_id": commit_id, **{f"{k}_samples": n for k, n in counts.items()},
             "shards": sum(len(v["shards"]) for v in manifest["splits"].values()), "store_link": _link(s, commit_id)})
+        yield from _gate(context, report, keys["shards"], SHARDS_CHECK, commit_id, branch)
+
+    return [raw_dataset, shards]
+
+
+def _model_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
+    keys = pipeline_asset_keys(spec)
+    name = spec.name
+    shared = f" (shared dataset {spec.dataset!r})" if spec.dataset else ""
 
     @dg.asset(key=keys["checkpoint"], group_name=name, ins={"shards": dg.AssetIn(keys["shards"])},
               kinds={"pytorch"}, retry_policy=dg.RetryPolicy(max_retries=1, delay=2),
-              description=f"{spec.model} trained on {name}'s shards by the distributed training op (torchrun).")
+              tags={"platform/gpus": str(spec.gpus)},
+              description=f"{spec.model} trained on {spec.dataset_name}'s shards{shared} by the distributed training op.")
     def checkpoint(context: dg.AssetExecutionContext, shards: dict, platform: PlatformSettings,
                    store: VersionedStoreResource, artifacts: ArtifactStoreResource,
                    launcher: TrainingLauncherResource) -> dg.Output[dict]:
         from ops.training import run_distributed_training
+        from pipelines.automation import gpu_units
 
         s = store.get()
         branch = ensure_run_branch(s, context.run_id)
-        result = run_distributed_training(context, spec, shards, s, launcher.get(),
-                                          platform.checkpoints_root / name / root_run_id(context))
+        with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), spec.gpus,
+                       log=context.log):
+            result = run_distributed_training(context, spec, shards, s, launcher.get(),
+                                              platform.checkpoints_root / name / root_run_id(context))
         weights_path = f"models/{name}/checkpoints/{context.run_id}/weights.pt"
         weights_uri = artifacts.get().put_file(result.output_dir / "weights.pt", weights_path)
         s.put_file(branch, weights_path, result.output_dir / "weights.pt")
         for extra in ("resolved_config.json", "metrics.json"):
             s.put_file(branch, weights_path.replace("weights.pt", extra), result.output_dir / extra)
         commit_id = commit_or_head(s, branch, f"Train {name}", commit_metadata(
-            context, platform.run_url(context.run_id), shards_commit=shards["commit_id"]))
+            context, platform.run_url(context.run_id), shards_commit=shards["commit_id"], dataset=shards["dataset"]))
         value = {"commit_id": commit_id, "weights_path": weights_path, "weights_uri": weights_uri,
                  "weights_sha256": result.weights_sha256, "shards_commit": shards["commit_id"]}
         return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri})
+            **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri,
+            "dataset": shards["dataset"], "shards_commit": shards["commit_id"]})
 
-    @dg.asset(key=keys["model_version"], group_name=name, kinds={"pytorch"},
+    @dg.asset(key=keys["model_version"], group_name=name, kinds={"pytorch"}, retry_policy=TRANSIENT_RETRY,
               ins={"checkpoint": dg.AssetIn(keys["checkpoint"]), "shards": dg.AssetIn(keys["shards"]),
                    "raw": dg.AssetIn(keys["raw_dataset"])},
+              automation_condition=dg.AutomationCondition.eager(),
               description=f"{name} evaluated on the held-out test split, registered and published if it passes the gate.")
     def model_version(context: dg.AssetExecutionContext, checkpoint: dict, shards: dict, raw: dict,
                       platform: PlatformSettings, store: VersionedStoreResource) -> dg.Output[dict]:
@@ -119,7 +176,81 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         return dg.Output(outcome.value, data_version=dg.DataVersion(outcome.value["commit_id"]),
                          metadata=outcome.metadata)
 
-    return [raw_dataset, shards, checkpoint, model_version]
+    return [checkpoint, model_version]
+
+
+def validation_report_path(dataset: str, asset: str) -> str:
+    return ingest.dataset_prefix(dataset) + f"validation/{asset}.json"
+
+
+def _commit_checked(context, store, branch: str, platform: PlatformSettings, report: quality.QualityReport,
+                    asset: str, message: str, **extra: str) -> str:
+    """Commit the staged data with its validation report; the commit carries ``check_results``."""
+    dataset = report.asset.split("/")[0]
+    store.put_object(branch, validation_report_path(dataset, asset), report.to_json())
+    verdict = "" if report.passed else " (FAILED its expectations; not for main)"
+    return commit_or_head(store, branch, message + verdict, commit_metadata(
+        context, platform.run_url(context.run_id), check_results=json.dumps(report.summary(), sort_keys=True),
+        **extra))
+
+
+def _gate(context, report: quality.QualityReport, key: dg.AssetKey, check: str, commit_id: str, branch: str):
+    """Record the check in Dagster; a failure stops the run here with what failed."""
+    yield dg.AssetCheckResult(
+        asset_key=key, check_name=check, passed=report.passed, severity=dg.AssetCheckSeverity.ERROR,
+        description=("passed" if report.passed else "; ".join(report.failures[:3]))[:1000],
+        metadata={"commit_id": commit_id, "evaluated": len(report.outcomes), "failed": len(report.failures),
+                  "failures": dg.MetadataValue.json(report.failures[:50]),
+                  "report": validation_report_path(report.asset.split("/")[0], key.path[-1]),
+                  "engine": report.summary()["engine"]})
+    if not report.passed:
+        raise dg.Failure(
+            description=f"{key.to_user_string()} failed {len(report.failures)} expectation(s): "
+                        + "; ".join(report.failures[:8])
+                        + f". Nothing reaches main; the run branch {branch!r} keeps the data and the report.",
+            metadata={"branch": branch, "commit_id": commit_id}, allow_retries=False)
+
+
+def source_area(spec: PipelineSpec) -> list[str]:
+    """Store prefixes a pipeline ingests from: ``sources/`` + the fixed part of each source path."""
+    areas = []
+    for pattern in spec.source.paths if spec.source else ():
+        if Path(pattern).is_absolute():
+            continue
+        fixed = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+        areas.append(SOURCES_PREFIX + (fixed if "/" not in fixed else fixed.rsplit("/", 1)[0] + "/"))
+    return sorted(set(areas))
+
+
+def _read_source(context, spec: PipelineSpec, store, sources_root: Path):
+    """(frame as parsed, file descriptions, store commit or None).
+
+    Source paths resolve in the store's ``sources/`` area at the run's pinned commit (tag
+    ``platform/source_commit``, else main's head) when files there match; otherwise in the local
+    sources directory. A loader function is simply called.
+    """
+    try:
+        if spec.source.loader is not None:
+            frame = spec.source.loader()
+            return frame, [{"loader": spec.source.describe(), "rows": int(len(frame))}], None
+        commit = context.run.tags.get(SOURCE_COMMIT_TAG) or store.resolve_ref(MAIN)
+        wanted = [SOURCES_PREFIX + p for p in spec.source.paths if not Path(p).is_absolute()]
+        in_store = [o for o in store.list_objects(commit, prefix=SOURCES_PREFIX)
+                    if any(fnmatch.fnmatchcase(o.path, w) for w in wanted)] if wanted else []
+        if not in_store:
+            files = resolve_source_files(spec, sources_root)
+            return read_source(spec, files), [
+                {"file": f.name, "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files], None
+        with tempfile.TemporaryDirectory(prefix="sources-") as tmp:
+            files = [store.download(commit, o.path, Path(tmp) / o.path) for o in in_store]
+            frame = read_source(spec, files)
+        return frame, [{"file": o.path, "bytes": o.size_bytes, "checksum": o.checksum} for o in in_store], commit
+    except SourceError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _link(store, ref: str) -> dg.MetadataValue | str:

@@ -56,7 +56,7 @@ def evaluate_and_register(
         return lineage.build_lineage_record(
             model=spec.name, version=version, checkpoint=checkpoint, shards=shards, raw=raw,
             store_facts=store.describe(), resolved_config=resolved, metrics=metrics, evaluation=evaluation,
-            gate=gate, run_id=context.run_id, run_url=run_url,
+            gate=gate, run_id=context.run_id, run_url=run_url, checks=data_checks(raw, shards),
             links={k: v for k, v in {"raw": store.ui_link(raw["commit_id"]),
                                      "shards": store.ui_link(shards["commit_id"])}.items() if v})
 
@@ -70,6 +70,7 @@ def evaluate_and_register(
             description=f"model {spec.name!r} failed its quality gate: {'; '.join(failures)}. "
                         f"Nothing was published; the run branch {branch!r} keeps the evaluation.",
             metadata={"test_accuracy": test["accuracy"], "branch": branch},
+            allow_retries=False,
         )
     reg = register_version(store, branch, spec.name, record_for, weights, meta)
     value = {"model": spec.name, "version": reg.version, "tag": reg.tag, "commit_id": reg.commit_id,
@@ -81,6 +82,15 @@ def evaluate_and_register(
         "lineage": dg.MetadataValue.md(lineage_table(record_for(reg.version) | {"version_commit": reg.commit_id})),
     }
     return Outcome(value=value, metadata=metadata)
+
+
+def data_checks(raw: dict, shards: dict) -> dict:
+    """The Great Expectations results behind the data this version was trained on."""
+    checks = dict(shards.get("checks") or {})
+    if raw.get("checks"):
+        checks["raw_dataset"] = raw["checks"]
+    checks["dataset"] = shards["dataset"]
+    return checks
 
 
 def lineage_table(record: dict) -> str:
@@ -95,6 +105,8 @@ def lineage_table(record: dict) -> str:
         ("seed / world size / backend", f"{record['training']['seed']} / {record['training']['world_size']} / "
                                          f"{record['training']['backend']}"),
         ("test accuracy", f"{record['evaluation']['test']['accuracy']:.4f}"),
+        ("data checks", ", ".join(f"{k}: {'passed' if v.get('passed') else 'FAILED'} ({v.get('evaluated')} expectations)"
+                                  for k, v in record.get("checks", {}).items() if isinstance(v, dict)) or "none"),
         ("final training loss", str(record["training_figures"].get("final_loss"))),
         ("dagster run", record["dagster"]["run_id"]),
     ]

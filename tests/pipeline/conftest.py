@@ -25,10 +25,17 @@ class Platform:
     def store(self):
         return self.profile.store()
 
-    def run(self, spec, specs=None, raise_on_error=False) -> dg.ExecuteInProcessResult:
-        defs = build_definitions(self.profile, specs or [spec])
+    def run(self, spec, specs=None, raise_on_error=False, tags=None, with_yaml=False) -> dg.ExecuteInProcessResult:
+        defs = build_definitions(self.profile, specs or [spec], with_yaml=with_yaml)
         job = defs.resolve_job_def(training_job_name(spec))
-        return job.execute_in_process(instance=self.instance, raise_on_error=raise_on_error)
+        return job.execute_in_process(instance=self.instance, raise_on_error=raise_on_error, tags=tags)
+
+    def run_assets(self, spec, stages, specs=None, tags=None) -> dg.ExecuteInProcessResult:
+        """Only some of the pipeline's assets (e.g. ["raw_dataset"]), through its training job."""
+        defs = build_definitions(self.profile, specs or [spec], with_yaml=False)
+        job = defs.resolve_job_def(training_job_name(spec))
+        return job.execute_in_process(instance=self.instance, raise_on_error=False, tags=tags,
+                                      asset_selection=[dg.AssetKey([spec.name, s]) for s in stages])
 
 
 @pytest.fixture
