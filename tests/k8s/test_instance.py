@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 import dagster as dg
+import psutil
 import psycopg2
 import pytest
 import yaml
@@ -193,6 +194,7 @@ def test_a_run_is_queued_launched_and_read_back_from_postgres(tmp_path, pg_env):
         assert instance.run_monitoring_enabled and instance.run_monitoring_start_timeout_seconds == 600
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 1
 
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         target = PythonFileTarget(python_file=str(code / "defs.py"), attribute=None,
                                   working_directory=str(code), location_name="instance_test")
         with create_test_daemon_workspace_context(target, instance) as context:
@@ -212,8 +214,11 @@ def test_a_run_is_queued_launched_and_read_back_from_postgres(tmp_path, pg_env):
             assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.QUEUED
             # One pass of the daemon's queue loop dequeues it and launches it into the code
             # server, which executes the run in its own process.
-            list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(context))
-            finished = poll_for_finished_run(instance, run.run_id, timeout=120)
+            try:
+                list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(context))
+                finished = poll_for_finished_run(instance, run.run_id, timeout=120)
+            finally:
+                _end_new_children(before)
 
         assert finished.status == dg.DagsterRunStatus.SUCCESS, [
             e.message for e in instance.all_logs(run.run_id)][-10:]
@@ -232,6 +237,18 @@ def test_a_run_is_queued_launched_and_read_back_from_postgres(tmp_path, pg_env):
         assert cur.fetchone()[0] == len(events)
         cur.execute("SELECT status FROM runs WHERE run_id = %s", (run.run_id,))
         assert cur.fetchone()[0] == "SUCCESS"
+
+
+def _end_new_children(before: set[int]) -> None:
+    """End the code server this test started (by pid): left alone it outlives the test, retrying
+    its database connection after the server below stops."""
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for proc in started:
+        proc.terminate()
+    _, alive = psutil.wait_procs(started, timeout=10)
+    for proc in alive:
+        proc.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def _load_defs(path: Path) -> dg.Definitions:
