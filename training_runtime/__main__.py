@@ -8,6 +8,7 @@ here and handed to the trainer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -53,26 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
-    reporter = None
     if rank == 0 and os.environ.get("DAGSTER_PIPES_CONTEXT"):
         from .pipes import PipesReporter
 
-        reporter = PipesReporter()
-    try:
+        reporting = PipesReporter()
+    else:
+        reporting = contextlib.nullcontext(LogReporter())
+    with reporting as reporter:
         cfg = _load_config(args.config)  # validated before any process group or data access
         fault = _fault_from_env()
         info = init_distributed()
         try:
-            Trainer(cfg, info, reporter or LogReporter(), fault).run()
+            Trainer(cfg, info, reporter, fault).run()
         finally:
             close_distributed()
-    except Exception as e:
-        if reporter is not None:
-            reporter.error(f"training failed: {type(e).__name__}: {e}")
-        raise
-    finally:
-        if reporter is not None:
-            reporter.close()
     return 0
 
 

@@ -12,8 +12,9 @@ log = logging.getLogger("training_runtime")
 
 
 class PipesReporter:
-    """Progress lines go to ``pipes.log.info``, telemetry and the final figures to
-    ``report_custom_message``; everything is also logged locally."""
+    """Progress lines go to ``pipes.log.info`` (and the local log), telemetry and the final figures
+    to ``report_custom_message``. As a context manager it closes the Pipes connection, passing an
+    exception that ends the run on to Dagster."""
 
     def __init__(self) -> None:
         self.pipes: PipesContext = open_dagster_pipes()
@@ -25,8 +26,8 @@ class PipesReporter:
     def custom(self, payload: dict[str, Any]) -> None:
         self.pipes.report_custom_message(payload)
 
-    def error(self, message: str) -> None:
-        self.pipes.log.error(message)
+    def __enter__(self) -> PipesReporter:
+        return self
 
-    def close(self) -> None:
-        self.pipes.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.pipes.__exit__(exc_type, exc, tb)
