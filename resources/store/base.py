@@ -209,8 +209,12 @@ class VersionedStore(ABC):
     ) -> str:
         """Merge ``source_ref`` into ``destination_branch`` atomically; return the new head.
 
-        Fast-forwards when the destination is an ancestor of the source. Raises
-        MergeConflictError (destination untouched) when both sides changed the same paths.
+        Fast-forwards when the destination is an ancestor of the source and there is no
+        message or metadata to record (local backend; lakeFS always records a merge commit):
+        either way the source commit is reachable from the new head. Merging a source that is
+        already contained returns the current head. Raises MergeConflictError (destination
+        untouched, ``.paths`` lists the paths) when both sides changed the same paths, and
+        StoreError when the destination has uncommitted changes.
         """
 
     @abstractmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import boto3
 import pytest
 
 from resources.artifacts.local import LocalArtifactStore
@@ -20,8 +21,14 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory):
         yield server
 
 
+_SESSION: list[boto3.Session] = []
+
+
 def _s3_store(seaweed: SeaweedServer, endpoint_url: str | None = None, **kwargs) -> S3ArtifactStore:
     """A store on the session's bucket under a prefix of its own, so tests never share keys."""
+    if not _SESSION:
+        _SESSION.append(boto3.Session())  # building a session loads botocore's data: once is enough
+    kwargs.setdefault("session", _SESSION[0])
     return S3ArtifactStore(
         bucket=seaweed.bucket, prefix=f"tests/{uuid.uuid4().hex[:12]}",
         endpoint_url=endpoint_url or seaweed.endpoint_url,

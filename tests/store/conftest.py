@@ -1,4 +1,17 @@
-"""Backends the store behaviour suite runs against: every test gets a fresh repository."""
+"""Backends the store behaviour suite runs against: every test gets a fresh repository.
+
+``local`` and ``lakefs`` (the lakeFS-API test server over real HTTP) always run. ``real-lakefs``
+runs when a lakeFS is reachable, e.g. the quickstart container:
+
+    docker run --pull always -p 8000:8000 treeverse/lakefs:latest run --quickstart
+    export LAKEFS_ENDPOINT=http://127.0.0.1:8000
+    export LAKEFS_ACCESS_KEY_ID=AKIAIOSFOLQUICKSTART
+    export LAKEFS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY
+    # optional, default local:// (the quickstart's local blockstore)
+    export LAKEFS_STORAGE_NAMESPACE_PREFIX=local://
+
+Each test creates its own repository there and deletes it afterwards.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +54,7 @@ def lakefs_store(lakefs_server: LakeFSTestServer) -> LakeFSVersionedStore:
 def real_lakefs_store():
     missing = [name for name in REAL_LAKEFS_ENV if not os.environ.get(name)]
     if missing:
-        pytest.skip(f"no real lakeFS: set {', '.join(missing)} (see README, lakeFS quickstart) to run against one")
+        pytest.skip(f"no real lakeFS: set {', '.join(missing)} (lakeFS quickstart: see tests/store/conftest.py) to run against one")
     name = fresh_repository_name()
     prefix = os.environ.get("LAKEFS_STORAGE_NAMESPACE_PREFIX", "local://")
     store = LakeFSVersionedStore(

@@ -25,7 +25,7 @@ def shared_store(request: pytest.FixtureRequest) -> tuple[VersionedStore, str, d
 
 def test_two_runs_publishing_disjoint_paths_both_land_on_main(shared_store, tmp_path: Path):
     store, kind, settings = shared_store
-    writers = {f"run-{w}": {f"run-{w}/part-{i}.txt": f"{w}:{i}" for i in range(15)} for w in "ab"}
+    writers = {f"run-{w}": {f"run-{w}/part-{i}.txt": f"{w}:{i}" for i in range(8)} for w in "ab"}
     results = run_writers_at_once(store, kind, settings, tmp_path, writers)
     assert {r["status"] for r in results.values()} == {"merged"}
     on_main = {o.path: store.get_object(MAIN, o.path).decode() for o in store.list_objects(MAIN)}
@@ -35,7 +35,7 @@ def test_two_runs_publishing_disjoint_paths_both_land_on_main(shared_store, tmp_
 
 def test_two_runs_writing_the_same_paths_one_wins_whole_the_other_fails_cleanly(shared_store, tmp_path: Path):
     store, kind, settings = shared_store
-    paths = [f"shared/part-{i}.txt" for i in range(15)]
+    paths = [f"shared/part-{i}.txt" for i in range(8)]
     writers = {f"run-{w}": {p: w for p in paths} for w in "ab"}
     results = run_writers_at_once(store, kind, settings, tmp_path, writers)
     assert sorted(r["status"] for r in results.values()) == ["conflict", "merged"]

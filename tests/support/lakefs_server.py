@@ -323,17 +323,33 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_object(store.object_file(ref, query.get("path", "")))
 
     def _send_object(self, file: Path) -> None:
-        data = file.read_bytes()
+        size = file.stat().st_size
+        start, end, status, headers = 0, size - 1, 200, {"ETag": f'"{file.name}"'}
         range_header = self.headers.get("Range")
         if range_header and (m := re.fullmatch(r"bytes=(\d+)-(\d*)", range_header)):
             start = int(m.group(1))
-            end = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
-            if start >= len(data):
+            end = min(int(m.group(2)) if m.group(2) else size - 1, size - 1)
+            if start >= size:
                 raise ApiError(416, "requested range not satisfiable")
-            self._send(206, data[start:end + 1], content_type="application/octet-stream",
-                       headers={"Content-Range": f"bytes {start}-{end}/{len(data)}"})
+            status, headers = 206, {"Content-Range": f"bytes {start}-{end}/{size}"}
+        length = max(0, end - start + 1)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command == "HEAD":
             return
-        self._send(200, data, content_type="application/octet-stream", headers={"ETag": f'"{file.name}"'})
+        # Streamed in chunks: a test server must not hold whole objects in memory either.
+        with open(file, "rb") as f:
+            f.seek(start)
+            while length > 0:
+                chunk = f.read(min(length, 1 << 20))
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                length -= len(chunk)
 
     def delete_object(self, repo, branch, query):
         store = self.server_state.repo(repo)

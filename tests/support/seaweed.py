@@ -17,7 +17,7 @@ from pathlib import Path
 from tests.support.ports import free_ports
 
 READY_TIMEOUT_S = 90
-STOP_GRACE_S = 10
+STOP_GRACE_S = 5  # weed often ignores SIGTERM for longer; test data needs no clean shutdown
 
 
 def weed_binary() -> str:
