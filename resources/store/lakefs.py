@@ -15,6 +15,7 @@ logs or ``describe()``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import tempfile
@@ -47,6 +48,7 @@ from resources.store.base import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 TRANSIENT_STATUSES = {429, 500, 502, 503, 504}
 PAGE = 1000
 DOWNLOAD_CHUNK_BYTES = 8 * 1024 * 1024
@@ -77,6 +79,7 @@ class LakeFSVersionedStore(VersionedStore):
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._timeout = (connect_timeout_s, read_timeout_s)
+        self._known_commit_ids: set[str] = set()
         configuration = lakefs_sdk.Configuration(
             host=f"{self.endpoint}/api/v1", username=access_key_id, password=secret_access_key,
         )
@@ -118,7 +121,10 @@ class LakeFSVersionedStore(VersionedStore):
                 maybe_applied = True
                 last = f"{type(exc).__name__} ({_short(exc)})"
             if attempt < self.max_attempts:
-                time.sleep(self._backoff(attempt))
+                delay = self._backoff(attempt)
+                log.warning("%s: lakeFS attempt %d/%d failed (%s); retrying in %.2fs",
+                            what, attempt, self.max_attempts, last, delay)
+                time.sleep(delay)
         raise StoreError(
             f"{what}: lakeFS at {self.endpoint} kept failing after {self.max_attempts} attempts, "
             f"last: {last}; check that the server is up and healthy, then retry"
@@ -505,12 +511,17 @@ class LakeFSVersionedStore(VersionedStore):
     def pinned_location(self, commit_id: str, path: str) -> StoreLocation:
         validate_ref_name(commit_id, "commit id")
         validate_object_path(path)
-        if self._is_branch(commit_id):
-            raise StoreError(
-                f"pinned_location needs a commit id or tag, not the moving branch {commit_id!r}; "
-                "pass store.resolve_ref(branch)"
-            )
-        resolved = self.resolve_ref(commit_id)
+        if commit_id in self._known_commit_ids:
+            resolved = commit_id  # immutable: checked once, then one request per shard
+        else:
+            if self._is_branch(commit_id):
+                raise StoreError(
+                    f"pinned_location needs a commit id or tag, not the moving branch {commit_id!r}; "
+                    "pass store.resolve_ref(branch)"
+                )
+            resolved = self.resolve_ref(commit_id)
+            if resolved == commit_id:
+                self._known_commit_ids.add(commit_id)
         stat = self._stat(resolved, path)
         return StoreLocation(
             uri=f"s3://{self.repository}/{resolved}/{path}",

@@ -160,6 +160,17 @@ def test_pinned_location_and_ui_link_point_at_lakefs(lakefs_store: LakeFSVersion
         lakefs_store.pinned_location(MAIN, "shards/0.bin")
 
 
+def test_pinned_locations_of_many_shards_cost_one_request_each(lakefs_store: LakeFSVersionedStore, lakefs_server):
+    for i in range(5):
+        lakefs_store.put_object(MAIN, f"shards/{i}.bin", b"s")
+    commit = lakefs_store.commit(MAIN, "shards").id
+    lakefs_store.pinned_location(commit, "shards/0.bin")
+    lakefs_server.proxy.reset_counters()
+    uris = [lakefs_store.pinned_location(commit, f"shards/{i}.bin").uri for i in range(1, 5)]
+    assert lakefs_server.proxy.requests_seen == 4
+    assert len(set(uris)) == 4
+
+
 def test_endpoint_with_api_suffix_is_normalised(lakefs_server):
     store = make_lakefs_store(lakefs_server)
     same = LakeFSVersionedStore(f"{lakefs_server.endpoint}/api/v1/", "k", "s", store.repository)
