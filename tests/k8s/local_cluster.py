@@ -1,0 +1,355 @@
+"""A stand-in for the API server and kubelets: each pod of a created Indexed Job runs as a local
+process, from the manifest's own command and env.
+
+It implements the handful of BatchV1Api / CoreV1Api calls the launcher makes and answers with
+the kubernetes client's real model objects, so the launcher, dagster-k8s's pod-log Pipes reader
+and the torchrun wiring run unchanged. What a kubelet and cluster DNS would do is done here:
+  - env: `value`, `fieldRef` to the completion-index annotation, `secretKeyRef` from `secrets`
+    (a missing non-optional key leaves the pod waiting in CreateContainerConfigError);
+  - `$(VAR)` in the command is expanded from the container's env, as the kubelet does;
+  - the pods' stable DNS names `<job>-<i>.<svc>.<ns>.svc.<domain>` resolve to 127.0.0.<i+1>
+    (all of 127/8 is loopback, so each "pod" keeps an address of its own);
+  - logs are prefixed with RFC 3339 timestamps, as `kubectl logs --timestamps` returns them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from kubernetes.client import (
+    CoreV1Event,
+    CoreV1EventList,
+    V1ContainerState,
+    V1ContainerStateRunning,
+    V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
+    V1ContainerStatus,
+    V1Job,
+    V1JobCondition,
+    V1JobStatus,
+    V1Node,
+    V1NodeList,
+    V1ObjectMeta,
+    V1ObjectReference,
+    V1Pod,
+    V1PodCondition,
+    V1PodList,
+    V1PodStatus,
+)
+from kubernetes.client.exceptions import ApiException
+
+from resources.k8s.manifests import INDEX_ANNOTATION
+
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's `$(VAR)` expansion: defined names are replaced, `$$` escapes, rest stays."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return _VAR.sub(sub, text)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class LocalPod:
+    name: str
+    index: int
+    labels: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    waiting: tuple[str, str] | None = None  # (reason, message) while it cannot start
+    pump: threading.Thread | None = None
+
+    @property
+    def phase(self) -> str:
+        if self.proc is None:
+            return "Pending"
+        rc = self.proc.poll()
+        if rc is None:
+            return "Running"
+        return "Succeeded" if rc == 0 else "Failed"
+
+
+@dataclass
+class LocalJob:
+    manifest: dict[str, Any]
+    uid: str
+    pods: list[LocalPod] = field(default_factory=list)
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        secrets: dict[str, dict[str, str]] | None = None,
+        nodes: list[V1Node] | None = None,
+        schedulable: bool = True,
+    ):
+        self.workdir = workdir
+        self.secrets = secrets or {}
+        self.nodes = nodes or []
+        self.schedulable = schedulable
+        self.jobs: dict[str, LocalJob] = {}
+        self.services: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []  # what was created / deleted, in order
+        self.batch = _BatchApi(self)
+        self.core = _CoreApi(self)
+
+    # -- pods ------------------------------------------------------------------------------
+    def _start_pods(self, job: LocalJob) -> None:
+        spec = job.manifest["spec"]
+        template = spec["template"]
+        name = job.manifest["metadata"]["name"]
+        for index in range(spec["completions"]):
+            pod = LocalPod(
+                name=f"{name}-{index}-{uuid.uuid4().hex[:5]}",
+                index=index,
+                labels=dict(template["metadata"]["labels"]),
+                log_path=self.workdir / f"{name}-{index}.log",
+            )
+            job.pods.append(pod)
+            if not self.schedulable:
+                continue
+            (container,) = template["spec"]["containers"]
+            env, missing = self._container_env(container, index)
+            if missing:
+                pod.waiting = ("CreateContainerConfigError", missing)
+                continue
+            command = [self._rewrite_dns(job, expand(a, env)) for a in container["command"]]
+            env = {k: self._rewrite_dns(job, v) for k, v in env.items()}
+            pod.proc, pod.pump = self._spawn(command, env, pod.log_path)
+
+    def _container_env(self, container: dict[str, Any], index: int) -> tuple[dict[str, str], str]:
+        env: dict[str, str] = {}
+        for entry in container.get("env", []):
+            if "value" in entry:
+                env[entry["name"]] = expand(entry["value"], env)
+                continue
+            source = entry["valueFrom"]
+            if "fieldRef" in source:
+                path = source["fieldRef"]["fieldPath"]
+                if path != f"metadata.annotations['{INDEX_ANNOTATION}']":
+                    raise NotImplementedError(f"local cluster cannot resolve fieldRef {path}")
+                env[entry["name"]] = str(index)
+            elif "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                value = self.secrets.get(ref["name"], {}).get(ref["key"])
+                if value is None:
+                    if ref.get("optional"):
+                        continue
+                    return env, f'couldn\'t find key {ref["key"]} in Secret {ref["name"]}'
+                env[entry["name"]] = value
+            else:
+                raise NotImplementedError(f"local cluster cannot resolve {source}")
+        return env, ""
+
+    @staticmethod
+    def _rewrite_dns(job: LocalJob, text: str) -> str:
+        name = job.manifest["metadata"]["name"]
+        ns = job.manifest["metadata"]["namespace"]
+        subdomain = job.manifest["spec"]["template"]["spec"].get("subdomain")
+        if not subdomain:
+            return text
+        pattern = re.compile(rf"{re.escape(name)}-(\d+)\.{re.escape(subdomain)}\.{re.escape(ns)}\.svc(\.[a-z0-9.-]+)?")
+        return pattern.sub(lambda m: f"127.0.0.{int(m.group(1)) + 1}", text)
+
+    @staticmethod
+    def _spawn(command: list[str], env: dict[str, str], log_path: Path):
+        bin_dir = str(Path(sys.executable).parent)
+        path = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+        executable = shutil.which(command[0], path=path)
+        if executable is None:
+            raise FileNotFoundError(f"{command[0]} not on {path}")
+        proc_env = {"PATH": path, "LANG": "C.UTF-8", **env}
+        proc = subprocess.Popen(
+            [executable, *command[1:]], env=proc_env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+        def pump() -> None:
+            with log_path.open("ab") as log:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(_now().encode() + b" " + line)
+                    log.flush()
+
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        return proc, thread
+
+    def _kill(self, job: LocalJob) -> None:
+        for pod in job.pods:
+            if pod.proc and pod.proc.poll() is None:
+                os.killpg(pod.proc.pid, 15)
+        for pod in job.pods:
+            if pod.proc:
+                try:
+                    pod.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(pod.proc.pid, 9)
+                    pod.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for job in list(self.jobs.values()):
+            self._kill(job)
+
+    # -- API objects ----------------------------------------------------------------------
+    def _pod_object(self, pod: LocalPod) -> V1Pod:
+        state: V1ContainerState | None
+        conditions = None
+        phase = pod.phase
+        if phase == "Pending":
+            if pod.waiting:
+                state = V1ContainerState(waiting=V1ContainerStateWaiting(reason=pod.waiting[0], message=pod.waiting[1]))
+            else:
+                state = None
+                conditions = [V1PodCondition(
+                    type="PodScheduled", status="False", reason="Unschedulable",
+                    message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu. "
+                            "preemption: 0/2 nodes are available: 2 No preemption victims found.")]
+        elif phase == "Running":
+            state = V1ContainerState(running=V1ContainerStateRunning())
+        else:
+            if pod.pump:
+                pod.pump.join(timeout=10)
+            tail = pod.log_path.read_text(errors="replace").splitlines()[-20:] if pod.log_path.exists() else []
+            state = V1ContainerState(terminated=V1ContainerStateTerminated(
+                exit_code=pod.proc.returncode, reason="Completed" if phase == "Succeeded" else "Error",
+                message="\n".join(line.partition(" ")[2] for line in tail)))
+        statuses = None
+        if state is not None:
+            statuses = [V1ContainerStatus(name="trainer", image="local", image_id="", ready=phase == "Running",
+                                          restart_count=0, state=state)]
+        return V1Pod(
+            metadata=V1ObjectMeta(name=pod.name, labels=pod.labels,
+                                  annotations={INDEX_ANNOTATION: str(pod.index)}),
+            status=V1PodStatus(phase=phase, conditions=conditions, container_statuses=statuses),
+        )
+
+    def _job_status(self, job: LocalJob) -> V1JobStatus:
+        phases = [p.phase for p in job.pods]
+        if "Failed" in phases:
+            # backoffLimit 0: the controller fails the Job and stops the other pods.
+            self._kill(job)
+            return V1JobStatus(failed=phases.count("Failed"), conditions=[V1JobCondition(
+                type="Failed", status="True", reason="BackoffLimitExceeded",
+                message="Job has reached the specified backoff limit")])
+        if phases and all(p == "Succeeded" for p in phases):
+            return V1JobStatus(succeeded=len(phases), conditions=[V1JobCondition(type="Complete", status="True")])
+        return V1JobStatus(active=sum(p in ("Running", "Pending") for p in phases))
+
+    def log_stream(self, pod_name: str) -> Iterator[bytes]:
+        pod = next(p for j in self.jobs.values() for p in j.pods if p.name == pod_name)
+        while not pod.log_path.exists():
+            time.sleep(0.05)
+        with pod.log_path.open("rb") as f:
+            while True:
+                chunk = f.readline()
+                if chunk:
+                    yield chunk
+                    continue
+                if pod.phase != "Running" and (pod.pump is None or not pod.pump.is_alive()):
+                    rest = f.read()
+                    if rest:
+                        yield rest
+                    return
+                time.sleep(0.05)
+
+
+def _not_found(kind: str, name: str) -> ApiException:
+    exc = ApiException(status=404, reason="Not Found")
+    exc.body = f'{kind} "{name}" not found'
+    return exc
+
+
+class _BatchApi:
+    def __init__(self, cluster: LocalCluster):
+        self.c = cluster
+
+    def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> V1Job:
+        assert body["metadata"]["namespace"] == namespace
+        name = body["metadata"]["name"]
+        if name in self.c.jobs:
+            raise ApiException(status=409, reason="AlreadyExists")
+        job = LocalJob(manifest=body, uid=str(uuid.uuid4()))
+        self.c.jobs[name] = job
+        self.c.calls.append(f"create Job {name}")
+        self.c._start_pods(job)
+        return V1Job(metadata=V1ObjectMeta(name=name, namespace=namespace, uid=job.uid))
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> V1Job:
+        job = self.c.jobs.get(name)
+        if job is None:
+            raise _not_found("jobs.batch", name)
+        return V1Job(metadata=V1ObjectMeta(name=name, uid=job.uid), status=self.c._job_status(job))
+
+    def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str | None = None) -> None:
+        job = self.c.jobs.pop(name, None)
+        if job is None:
+            raise _not_found("jobs.batch", name)
+        assert propagation_policy in ("Background", "Foreground"), "pods would be orphaned"
+        self.c._kill(job)
+        self.c.calls.append(f"delete Job {name}")
+        # Garbage collection of dependents (the Service owned through ownerReferences).
+        for svc_name, svc in list(self.c.services.items()):
+            if any(o["uid"] == job.uid for o in svc["metadata"].get("ownerReferences", [])):
+                del self.c.services[svc_name]
+                self.c.calls.append(f"gc Service {svc_name}")
+
+
+class _CoreApi:
+    def __init__(self, cluster: LocalCluster):
+        self.c = cluster
+
+    def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> None:
+        self.c.services[body["metadata"]["name"]] = body
+        self.c.calls.append(f"create Service {body['metadata']['name']}")
+
+    def delete_namespaced_service(self, name: str, namespace: str) -> None:
+        if self.c.services.pop(name, None) is None:
+            raise _not_found("services", name)
+        self.c.calls.append(f"delete Service {name}")
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str = "", field_selector: str = "") -> V1PodList:
+        key, _, value = label_selector.partition("=")
+        pods = [p for j in self.c.jobs.values() for p in j.pods if not key or p.labels.get(key) == value]
+        if field_selector.startswith("metadata.name="):
+            pods = [p for p in pods if p.name == field_selector.split("=", 1)[1]]
+        return V1PodList(items=[self.c._pod_object(p) for p in pods])
+
+    def list_namespaced_event(self, namespace: str, field_selector: str = "") -> CoreV1EventList:
+        name = field_selector.split("=", 1)[1]
+        if self.c.schedulable:
+            return CoreV1EventList(items=[])
+        return CoreV1EventList(items=[CoreV1Event(
+            metadata=V1ObjectMeta(name=f"{name}.1"), involved_object=V1ObjectReference(name=name),
+            type="Warning", reason="FailedScheduling",
+            message="0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+            last_timestamp=datetime.now(timezone.utc))])
+
+    def list_node(self) -> V1NodeList:
+        return V1NodeList(items=self.c.nodes)
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Iterator[bytes]:
+        assert kwargs.get("follow") and kwargs.get("timestamps"), kwargs
+        return self.c.log_stream(name)
