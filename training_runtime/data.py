@@ -64,20 +64,32 @@ def _fetch_s3(url: str, dest: Path, endpoint_url: str | None) -> None:
 
     parsed = urllib.parse.urlparse(url)
     client = boto3.client("s3", endpoint_url=endpoint_url)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
-        client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(tmp))
+        client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(dest))
     except Exception as e:
-        tmp.unlink(missing_ok=True)
+        dest.unlink(missing_ok=True)
         raise DataError(f"cannot download shard {url} (endpoint {endpoint_url}): {e}; check the "
                         "URL in data.locations, data.s3_endpoint_url and the AWS_* credentials") from e
-    os.replace(tmp, dest)
+
+
+def _check_shard(local: Path, shard: dict, url: str) -> None:
+    size = local.stat().st_size
+    if size != shard["num_bytes"]:
+        raise DataError(f"shard {shard['path']!r} at {url} has {size} bytes, manifest says "
+                        f"{shard['num_bytes']}; the shard does not belong to this manifest")
+    digest = sha256_file(local)
+    if digest != shard["sha256"]:
+        raise DataError(f"checksum mismatch for shard {shard['path']!r} at {url}: sha256 "
+                        f"{digest} != manifest {shard['sha256']}; the shard is corrupt or from "
+                        "another commit; re-materialize the shards")
 
 
 def resolve_shards(manifest: dict, locations: dict[str, str], split: str, cache_dir: str | None,
                    s3_endpoint_url: str | None = None, verify: bool = True) -> list[Path]:
-    """Local paths of the split's shards, downloading s3:// shards into ``cache_dir`` (named by
-    sha256) and checking size and sha256 of each. Raises ``DataError`` naming the shard."""
+    """Local paths of the split's shards. s3:// shards are downloaded into ``cache_dir`` as
+    ``<sha256>.bin`` and enter the cache only after their size and sha256 match the manifest;
+    with ``verify`` every shard (cached or file://) is checked again. Raises ``DataError`` naming
+    the shard."""
     if split not in manifest["splits"]:
         raise DataError(f"manifest has no split {split!r}; it has {sorted(manifest['splits'])}")
     paths = []
@@ -90,27 +102,27 @@ def resolve_shards(manifest: dict, locations: dict[str, str], split: str, cache_
             if not local.is_file():
                 raise DataError(f"shard {shard['path']!r} is missing: {local} does not exist; "
                                 f"re-materialize the shards or fix data.locations")
+            if verify:
+                _check_shard(local, shard, url)
         elif url.startswith("s3://"):
             if cache_dir is None:
                 raise DataError("data.cache_dir is required for s3:// shards")
             os.makedirs(cache_dir, exist_ok=True)
             local = Path(cache_dir) / f"{shard['sha256']}.bin"
-            if not local.is_file():
-                _fetch_s3(url, local, s3_endpoint_url)
+            fresh = not local.is_file()
+            if fresh or verify:
+                target = local.with_name(f".{local.name}.{os.getpid()}.tmp") if fresh else local
+                if fresh:
+                    _fetch_s3(url, target, s3_endpoint_url)
+                try:
+                    _check_shard(target, shard, url)
+                except DataError:
+                    target.unlink(missing_ok=True)
+                    raise
+                if fresh:
+                    os.replace(target, local)
         else:
             raise DataError(f"unsupported location {url!r} for shard {shard['path']!r}")
-        if verify:
-            size = local.stat().st_size
-            if size != shard["num_bytes"]:
-                raise DataError(f"shard {shard['path']!r} at {url} has {size} bytes, manifest says "
-                                f"{shard['num_bytes']}; the shard does not belong to this manifest")
-            digest = sha256_file(local)
-            if digest != shard["sha256"]:
-                if url.startswith("s3://"):
-                    local.unlink(missing_ok=True)
-                raise DataError(f"checksum mismatch for shard {shard['path']!r} at {url}: sha256 "
-                                f"{digest} != manifest {shard['sha256']}; the shard is corrupt or "
-                                "from another commit; re-materialize the shards")
         paths.append(local)
     return paths
 
@@ -141,15 +153,31 @@ class SplitData:
                             f"{int(self.labels[i])} outside [0, num_classes={nc})")
 
     def gather(self, idx: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Features and labels of the given global sample indices, gathered per shard with one
-        fancy-index read each into one contiguous array."""
+        """Features and labels of the given sample indices, in that order, in one contiguous array.
+        Sorted indices (what the loader asks for) take the fast path: one ``np.take`` per shard
+        straight from the memory map into ``out``, reading each shard front to back."""
+        idx = np.asarray(idx, dtype=np.int64)
         if out is None:
             out = np.empty((len(idx), *self.feature_shape), dtype=np.float32)
-        shard_of = np.searchsorted(self.starts, idx, side="right") - 1
-        for s in np.unique(shard_of):
-            pos = np.nonzero(shard_of == s)[0]
-            out[pos] = self.features[s][idx[pos] - self.starts[s]]
+        if len(idx) == 0:
+            return out, self.labels[idx]
+        if idx.min() < 0 or idx.max() >= self.num_samples:
+            raise IndexError(f"sample index out of range [0, {self.num_samples})")
+        if np.all(idx[1:] >= idx[:-1]):
+            self._take_sorted(idx, out)
+        else:
+            order = np.argsort(idx, kind="stable")
+            tmp = np.empty_like(out)
+            self._take_sorted(idx[order], tmp)
+            out[order] = tmp
         return out, self.labels[idx]
+
+    def _take_sorted(self, idx: np.ndarray, out: np.ndarray) -> None:
+        bounds = np.searchsorted(idx, self.starts)
+        for s in range(len(self.features)):
+            a, e = bounds[s], bounds[s + 1]
+            if a < e:
+                np.take(self.features[s], idx[a:e] - self.starts[s], axis=0, out=out[a:e], mode="clip")
 
 
 # ---------------------------------------------------------------- background loader
@@ -172,7 +200,9 @@ class PrefetchLoader:
     def __init__(self, data: SplitData, indices: np.ndarray, batch_size: int, start_step: int,
                  device: torch.device, num_workers: int = 1, prefetch_batches: int = 4):
         self.data = data
-        self.batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
+        # A batch's samples come in index order (the loss is a mean, so order within a batch does
+        # not matter) so that gathering reads each shard sequentially.
+        self.batches = [np.sort(indices[i:i + batch_size]) for i in range(0, len(indices), batch_size)]
         self.start = start_step
         self.device = device
         self.pin = device.type == "cuda"

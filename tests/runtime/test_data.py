@@ -88,7 +88,7 @@ def test_prefetch_loader_yields_batches_in_order_from_start_step(dataset):
                                 num_workers=workers, prefetch_batches=2)
         batches = list(loader)
         assert len(batches) == len(loader) == 3  # 35 samples in batches of 8: 5 batches, from 2
-        expect = [idx[i:i + 8] for i in range(16, 35, 8)]
+        expect = [np.sort(idx[i:i + 8]) for i in range(16, 35, 8)]  # index order within a batch
         for b, e in zip(batches, expect, strict=True):
             np.testing.assert_array_equal(b.x.numpy(), x_ref[e])
             np.testing.assert_array_equal(b.y.numpy(), y_ref[e])
@@ -126,3 +126,15 @@ def test_labels_outside_num_classes_are_rejected(dataset):
     paths = resolve_shards(manifest, locations, "train", None)
     with pytest.raises(DataError, match=r"outside \[0, num_classes=2\)"):
         SplitData(small, paths, "train")
+
+
+def test_gather_keeps_the_requested_order_for_unsorted_indices(dataset):
+    root, manifest, locations = dataset
+    data = SplitData(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    x_ref, y_ref = _reference(root, manifest)
+    for idx in (np.arange(70), np.array([5, 3, 60, 3, 17, 0]), np.array([], dtype=np.int64)):
+        x, y = data.gather(idx)
+        np.testing.assert_array_equal(x, x_ref[idx])
+        np.testing.assert_array_equal(y, y_ref[idx])
+    with pytest.raises(IndexError, match="out of range"):
+        data.gather(np.array([70]))
