@@ -118,7 +118,10 @@ def test_a_failing_pod_fails_the_launch_and_cleans_up(tmp_path):
     assert not result.success
     error = result.get_step_failure_events()[0].step_failure_data.error
     text = error.to_string()
-    assert "TrainingJobFailed" in text or "DagsterPipesExecutionError" in text or "optimizer" in text
+    # The pod's own exit and the runtime's message reach the step's error.
+    assert "TrainingJobFailed: training Job digits-sim failed" in text
+    assert "Job BackoffLimitExceeded" in text and "container trainer exited 1" in text
+    assert "train.optimizer" in text
     assert cluster.calls[-1] == "delete Job digits-sim"
     assert not cluster.jobs and not cluster.services
 
