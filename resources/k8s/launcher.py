@@ -98,7 +98,9 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         description="Mount path of the shared PVC, identical in step and training pods.",
     )
     s3_secret: str | None = Field(
-        default=None, description="Secret with AWS_* keys for s3:// data (by name only)."
+        default="model-factory-s3",
+        description="Secret with AWS_* keys for s3:// data, by name (helm/model-factory's "
+        "secrets.s3.name); None: pods get no AWS credentials.",
     )
     image_pull_secrets: list[str] = Field(default_factory=list)
     cluster_domain: str = Field(default="cluster.local")
