@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -66,6 +67,46 @@ def training_fingerprint(config: dict[str, Any]) -> dict[str, Any]:
     return {"model": config["model"], "commit_id": config["data"]["commit_id"],
             "manifest": config["data"]["manifest"],
             "train": {k: v for k, v in config["train"].items() if k not in _RESUMABLE_CHANGES}}
+
+
+@dataclass
+class RunTotals:
+    """Throughput figures of the whole run, carried in checkpoints so restarts keep them."""
+
+    samples: int
+    train_time_s: float  # time in training steps (mean over ranks), checkpoint stalls excluded
+    steps_timed: int
+    step_time_s: list[float]  # per rank
+    wait_s: list[float]  # per rank: time waiting for the next batch
+    checkpoint_stall_s: float
+
+    @classmethod
+    def empty(cls, world_size: int) -> RunTotals:
+        return cls(0, 0.0, 0, [0.0] * world_size, [0.0] * world_size, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], world_size: int) -> RunTotals:
+        t = cls(**d)
+        if len(t.step_time_s) != world_size:  # per-rank figures restart with a new world size
+            t.steps_timed, t.step_time_s, t.wait_s = 0, [0.0] * world_size, [0.0] * world_size
+        return t
+
+
+class _Interval:
+    """This rank's figures since the last boundary."""
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)  # summed on device: no sync per step
+        self.steps, self.samples, self.time_s, self.wait_s = 0, 0, 0.0, 0.0
+
+    def add(self, time_s: float, wait_s: float, samples: int) -> None:
+        self.steps += 1
+        self.samples += samples
+        self.time_s += time_s
+        self.wait_s += wait_s
 
 
 class Trainer:
@@ -138,7 +179,7 @@ class Trainer:
 
     def _history_state(self) -> dict[str, Any]:
         return {"loss_history": [list(x) for x in self.loss_history],
-                "lr_history": [list(x) for x in self.lr_history]}
+                "lr_history": [list(x) for x in self.lr_history], "totals": self.totals.to_dict()}
 
     def _resume(self) -> int | None:
         """Load the newest valid checkpoint into model/optimizer/scheduler/RNG; returns its step."""
@@ -166,6 +207,7 @@ class Trainer:
                         path, state["world_size"], self.info.world_size)
         self.loss_history = [tuple(x) for x in state["history"]["loss_history"]]
         self.lr_history = [tuple(x) for x in state["history"]["lr_history"]]
+        self.totals = RunTotals.from_dict(state["history"]["totals"], self.info.world_size)
         if self.info.is_main:
             self.reporter.info(f"resumed from checkpoint {path} at step {state['step']}")
         return int(state["step"])
@@ -201,31 +243,22 @@ class Trainer:
         self._build()
         self.loss_history: list[tuple[int, float]] = []
         self.lr_history: list[tuple[int, float]] = []
+        self.totals = RunTotals.empty(info.world_size)
         self.writer = ckpt.CheckpointWriter(cfg.checkpoint.dir, cfg.checkpoint.keep_last,
                                             cfg.checkpoint.async_save)
         resumed = self._resume()
         step = resumed or 0
         self.last_saved_step = resumed
-        stats = SystemStats(info.device) if info.is_main else None
-        progress_every = max(1, math.ceil(self.total_steps / 10))
-        tele_every = cfg.telemetry.every_steps
-        # accumulators for this attempt and for the current reporting interval
-        step_time = wait_time = stall = 0.0
-        i_loss = torch.zeros((), device=info.device)
-        i_steps = 0
-        i_time = i_wait = 0.0
-        i_samples = samples = 0
-        per_rank_step = [0.0] * info.world_size
-        share_all = 0.0
-        last_loss = float("nan")
-        steps_done = 0
+        self.stats = SystemStats(info.device) if info.is_main else None
         if info.is_main:
             self.reporter.info(
                 f"training {cfg.model.name} on {self.num_samples} samples, {info.world_size} rank(s) "
                 f"{info.backend}/{info.device.type}, {self.steps_per_epoch} steps/epoch, "
                 f"{self.total_steps} steps, starting at step {step}")
         self.model.train()
-        t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
+        attempt_steps = 0
+        iv = _Interval(info.device)
         while step < self.total_steps:
             epoch, in_epoch = divmod(step, self.steps_per_epoch)
             idx = epoch_indices(self.num_samples, info.world_size, info.rank, epoch, cfg.train.seed)
@@ -235,93 +268,100 @@ class Trainer:
             t_prev = time.perf_counter()
             for batch in loader:
                 lr = self.scheduler.get_last_lr()[0]
-                i_loss += self._train_step(batch.x, batch.y)
+                iv.loss += self._train_step(batch.x, batch.y)
                 step += 1
-                steps_done += 1
-                n = len(batch.x) * info.world_size
-                samples += n
-                i_samples += n
+                attempt_steps += 1
                 now = time.perf_counter()
-                dt, t_prev = now - t_prev, now
-                i_time += dt
-                step_time += dt
-                i_wait += loader.wait_s - seen_wait
-                seen_wait = loader.wait_s
-                i_steps += 1
+                iv.add(now - t_prev, loader.wait_s - seen_wait, len(batch.x) * info.world_size)
+                t_prev, seen_wait = now, loader.wait_s
                 if self.fault and self.restart_count == 0 and info.rank == self.fault.rank \
                         and step == self.fault.step:
                     os.kill(os.getpid(), signal.SIGKILL)
-                boundary = step % tele_every == 0 or step % progress_every == 0 or step == self.total_steps
-                if boundary:
-                    d_wait, i_wait = i_wait, 0.0
-                    wait_time += d_wait
-                    red = torch.stack([i_loss, torch.tensor(float(i_steps), device=info.device)])
-                    dist.all_reduce(red)
-                    last_loss = (red[0] / red[1]).item()
-                    ranks = all_gather_object((i_time / i_steps, d_wait, step_time, wait_time))
-                    i_share = sum(r[1] for r in ranks) / max(1e-12, i_steps * sum(r[0] for r in ranks))
-                    per_rank_step = [r[2] / steps_done for r in ranks]
-                    share_all = sum(r[3] for r in ranks) / max(1e-12, sum(r[2] for r in ranks))
-                    sps = i_samples / max(1e-12, i_time)
-                    self.loss_history.append((step, last_loss))
-                    self.lr_history.append((step, lr))
-                    if info.is_main:
-                        if step % progress_every == 0 or step == self.total_steps:
-                            self.reporter.info(progress_line(
-                                epoch=epoch + 1, epochs=cfg.train.epochs, step=step,
-                                total=self.total_steps, loss=last_loss, samples_per_second=sps,
-                                elapsed_s=time.perf_counter() - t_start))
-                        if step % tele_every == 0 or step == self.total_steps:
-                            self.reporter.custom({
-                                "kind": "telemetry", "step": step, "epoch": epoch + 1,
-                                "loss": last_loss, "lr": lr, "samples_per_second": sps,
-                                "data_wait_share": i_share,
-                                "per_rank_step_time_s": [r[0] for r in ranks], **stats.sample()})
-                    i_loss = torch.zeros((), device=info.device)
-                    i_steps, i_time, i_samples = 0, 0.0, 0
+                if self._is_boundary(step):
+                    self._close_interval(iv, step, epoch, lr)
+                    iv = _Interval(info.device)
                 if step % cfg.checkpoint.every_steps == 0 or step == self.total_steps:
-                    stall += self._save(step)
+                    self.totals.checkpoint_stall_s += self._save(step)
                     t_prev = time.perf_counter()  # the stall is reported apart from step time
                 if step >= self.total_steps:
                     break
             loader.close()
-        wall = time.perf_counter() - t_start
         if self.last_saved_step != step:
-            stall += self._save(step)
+            self.totals.checkpoint_stall_s += self._save(step)
         if info.is_main:
             self.writer.wait()
         final_sd = full_model_state(self.model, cfg.train.sharding)
-        metrics = {
-            "final_loss": last_loss if steps_done else self._last_recorded_loss(),
-            "samples_per_second": samples / wall if steps_done else 0.0,
-            "data_wait_share": share_all,
-            "steps": step, "total_steps": self.total_steps, "steps_this_attempt": steps_done,
-            "steps_per_epoch": self.steps_per_epoch,
-            "epochs": round(step / self.steps_per_epoch, 4),
-            "world_size": info.world_size, "backend": info.backend, "device": info.device.type,
-            "sharding": cfg.train.sharding,
-            "loss_history": [list(x) for x in self.loss_history],
-            "lr_history": [list(x) for x in self.lr_history],
-            "per_rank_step_time_s": per_rank_step,
-            "checkpoint_stall_s_total": stall,
-            "resumed_from_step": resumed,
-            "restart_count": self.restart_count,
-            "wall_time_s": wall,
-            "commit_id": cfg.data.commit_id,
-        }
+        metrics = self._metrics(step, attempt_steps, resumed)
         if info.is_main:
             self._write_outputs(final_sd, metrics)
-            stats.close()
+            self.stats.close()
             final = {k: v for k, v in metrics.items() if not k.endswith("_history")}
             self.reporter.custom({"kind": "final", **final})
         dist.barrier()
         return metrics
 
-    def _last_recorded_loss(self) -> float:
+    def _is_boundary(self, step: int) -> bool:
+        """Steps where ranks exchange loss and timings: telemetry, progress (~10%), checkpoints
+        (so checkpointed totals are exact) and the last step."""
+        progress_every = max(1, math.ceil(self.total_steps / 10))
+        return (step % self.cfg.telemetry.every_steps == 0 or step % progress_every == 0
+                or step % self.cfg.checkpoint.every_steps == 0 or step == self.total_steps)
+
+    def _close_interval(self, iv: _Interval, step: int, epoch: int, lr: float) -> None:
+        """Collective: average the loss, gather per-rank timings, record history, report."""
+        info, cfg, totals = self.info, self.cfg, self.totals
+        red = torch.stack([iv.loss, torch.tensor(float(iv.steps), device=info.device)])
+        dist.all_reduce(red)
+        loss = (red[0] / red[1]).item()
+        ranks = all_gather_object((iv.time_s, iv.wait_s))
+        times = [t for t, _ in ranks]
+        mean_time = sum(times) / len(times)
+        totals.samples += iv.samples
+        totals.steps_timed += iv.steps
+        totals.train_time_s += mean_time
+        for r, (t, w) in enumerate(ranks):
+            totals.step_time_s[r] += t
+            totals.wait_s[r] += w
+        self.loss_history.append((step, loss))
+        self.lr_history.append((step, lr))
+        if not info.is_main:
+            return
+        sps = iv.samples / max(1e-12, mean_time)
+        if step % max(1, math.ceil(self.total_steps / 10)) == 0 or step == self.total_steps:
+            self.reporter.info(progress_line(
+                epoch=epoch + 1, epochs=cfg.train.epochs, step=step, total=self.total_steps,
+                loss=loss, samples_per_second=sps, elapsed_s=time.perf_counter() - self.t_start))
+        if step % cfg.telemetry.every_steps == 0 or step == self.total_steps:
+            self.reporter.custom({
+                "kind": "telemetry", "step": step, "epoch": epoch + 1, "loss": loss, "lr": lr,
+                "samples_per_second": sps,
+                "data_wait_share": sum(w for _, w in ranks) / max(1e-12, sum(times)),
+                "per_rank_step_time_s": [t / iv.steps for t in times], **self.stats.sample()})
+
+    def _metrics(self, step: int, attempt_steps: int, resumed: int | None) -> dict[str, Any]:
+        info, cfg, t = self.info, self.cfg, self.totals
         if not self.loss_history:
-            raise RuntimeError("the run finished without recording a loss; checkpoint.dir holds a "
-                               "finished run with no loss history")
-        return float(self.loss_history[-1][1])
+            raise RuntimeError(f"no loss was recorded; checkpoint.dir {cfg.checkpoint.dir} holds a "
+                               "finished run without history; use a fresh checkpoint.dir")
+        return {
+            "final_loss": self.loss_history[-1][1],
+            "samples_per_second": t.samples / max(1e-12, t.train_time_s),
+            "data_wait_share": sum(t.wait_s) / max(1e-12, sum(t.step_time_s)),
+            "data_wait_s_total": sum(t.wait_s),
+            "steps": step, "total_steps": self.total_steps, "steps_this_attempt": attempt_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "epochs": round(step / self.steps_per_epoch, 4),
+            "samples_seen": t.samples, "train_time_s": t.train_time_s,
+            "world_size": info.world_size, "backend": info.backend, "device": info.device.type,
+            "sharding": cfg.train.sharding,
+            "loss_history": [list(x) for x in self.loss_history],
+            "lr_history": [list(x) for x in self.lr_history],
+            "per_rank_step_time_s": [s / max(1, t.steps_timed) for s in t.step_time_s],
+            "checkpoint_stall_s_total": t.checkpoint_stall_s,
+            "resumed_from_step": resumed,
+            "restart_count": self.restart_count,
+            "commit_id": cfg.data.commit_id,
+        }
 
     def _write_outputs(self, model_sd: dict[str, torch.Tensor], metrics: dict[str, Any]) -> None:
         out = Path(self.cfg.output_dir)

@@ -68,6 +68,9 @@ def test_finished_run_restarts_idempotently(problem, world_of_one):
     m2 = Trainer(cfg, world_of_one).run()
     assert m2["resumed_from_step"] == 4 and m2["steps_this_attempt"] == 0
     assert m2["final_loss"] == m1["final_loss"]
+    # throughput figures are carried in the checkpoint, not lost with the first attempt
+    for key in ("samples_per_second", "data_wait_share", "per_rank_step_time_s", "samples_seen"):
+        assert m2[key] == m1[key], key
     w2 = torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
     for k in w1:
         assert torch.equal(w1[k], w2[k])
