@@ -11,14 +11,16 @@ from resources.store.lakefs import LakeFSVersionedStore
 from tests.support.store_workers import run_writers_at_once
 
 
-@pytest.fixture(params=["local", "lakefs"])
+@pytest.fixture(params=["local", "lakefs", "real-lakefs"])
 def shared_store(request: pytest.FixtureRequest) -> tuple[VersionedStore, str, dict]:
     """A store plus the factory kind and settings another process uses to open the same one."""
-    store = request.getfixturevalue(f"{request.param}_store")
+    store = request.getfixturevalue(f"{request.param.replace('-', '_')}_store")
     if isinstance(store, LakeFSVersionedStore):
-        server = request.getfixturevalue("lakefs_server")
-        settings = {"endpoint": server.direct_endpoint, "access_key_id": server.access_key_id,
-                    "secret_access_key": server.secret_access_key, "repository": store.repository}
+        key_id, secret = store._test_gateway_credentials
+        endpoint = request.getfixturevalue("lakefs_server").direct_endpoint if request.param == "lakefs" \
+            else store.endpoint
+        settings = {"endpoint": endpoint, "access_key_id": key_id, "secret_access_key": secret,
+                    "repository": store.repository}
         return store, "lakefs", settings
     return store, "local", {"root": str(store.root), "repository": store.repository}
 
