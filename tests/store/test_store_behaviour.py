@@ -231,7 +231,8 @@ def test_conflicting_merge_raises_and_leaves_destination_untouched(store: Versio
     main_head = commit_file(store, MAIN, {"labels.csv": b"from main"})
     with pytest.raises(MergeConflictError) as info:
         store.merge("run-1", MAIN)
-    assert "labels.csv" in str(info.value) or info.value.paths == ["labels.csv"]
+    assert info.value.paths == ["labels.csv"]
+    assert "labels.csv" in str(info.value) and "unchanged" in str(info.value)
     assert store.resolve_ref(MAIN) == main_head
     assert store.get_object(MAIN, "labels.csv") == b"from main"
     assert not store.exists(MAIN, "run-only.txt")
