@@ -39,7 +39,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        _unlink_quietly(Path(tmp))
+        Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 
@@ -62,7 +62,7 @@ def copy_stream_hashing(src: BinaryIO, dest_dir: Path) -> tuple[Path, str, int]:
             out.flush()
             os.fsync(out.fileno())
     except BaseException:
-        _unlink_quietly(Path(tmp))
+        Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp), digest.hexdigest(), size
 
@@ -78,7 +78,7 @@ def atomic_copy_file(src: Path, dest: Path) -> Path:
             os.fsync(out.fileno())
         os.replace(tmp, dest)
     except BaseException:
-        _unlink_quietly(Path(tmp))
+        Path(tmp).unlink(missing_ok=True)
         raise
     return dest
 
@@ -99,10 +99,3 @@ def file_lock(lock_path: Path, shared: bool = False) -> Iterator[None]:
         # Closing the descriptor releases the lock, also when the body raised.
         os.close(fd)
 
-
-def _unlink_quietly(path: Path) -> None:
-    # Only used while another exception propagates: a leftover temp file must not hide it.
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass

@@ -108,8 +108,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip(), 16)
                 if size == 0:
+                    # Skip trailer headers up to the blank line that ends the body.
                     while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
+                        continue
                     return b"".join(chunks)
                 chunks.append(self.rfile.read(size))
                 self.rfile.readline()
