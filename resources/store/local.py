@@ -69,6 +69,10 @@ class LocalVersionedStore(VersionedStore):
         self.repo_dir = self.root / repository
         self._read_tree = lru_cache(maxsize=64)(self._read_tree_uncached)
 
+    def __reduce__(self):
+        # Rebuilt from its two settings (the tree cache is per process), e.g. for worker processes.
+        return (type(self), (self.root, self.repository))
+
     def __repr__(self) -> str:
         return f"LocalVersionedStore(root={str(self.root)!r}, repository={self.repository!r})"
 

@@ -80,6 +80,16 @@ def test_pinned_location_refuses_a_moving_branch(local_store: LocalVersionedStor
     assert local_store.pinned_location(commit.id, "x").extra["commit_id"] == commit.id
 
 
+def test_the_store_pickles_for_worker_processes(local_store: LocalVersionedStore):
+    import pickle
+
+    local_store.put_object(MAIN, "x", b"1")
+    local_store.commit(MAIN, "x")
+    clone = pickle.loads(pickle.dumps(local_store))
+    assert clone.get_object(MAIN, "x") == b"1"
+    assert repr(clone) == repr(local_store)
+
+
 def test_main_cannot_be_deleted(local_store: LocalVersionedStore):
     with pytest.raises(StoreError, match="default branch"):
         local_store.delete_branch(MAIN)
