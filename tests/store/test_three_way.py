@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resources.store.three_way import ancestors, diff_trees, merge_base, merge_trees
 
@@ -46,3 +48,24 @@ def test_merge_base_of_unrelated_histories_is_none():
 
 def test_diff_trees_by_prefix():
     assert diff_trees({"a/1": 1, "b": 2}, {"a/1": 9, "a/2": 1}, prefix="a/") == [("a/1", "changed"), ("a/2", "added")]
+
+
+_trees = st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 3), max_size=6)
+
+
+@given(base=_trees, ours=_trees, theirs=_trees)
+def test_merge_trees_properties(base, ours, theirs):
+    merged, conflicts = merge_trees(base, ours, theirs)
+    # Sides are interchangeable: the same paths conflict, the same tree results.
+    merged_swapped, conflicts_swapped = merge_trees(base, theirs, ours)
+    assert conflicts == conflicts_swapped
+    assert merged == merged_swapped
+    for path in set(base) | set(ours) | set(theirs):
+        b, o, t = base.get(path), ours.get(path), theirs.get(path)
+        if path in conflicts:
+            assert o != t and o != b and t != b
+        else:
+            # Every change from either side survives; an unchanged path keeps the base value.
+            assert merged.get(path) == (t if o == b else o)
+    # Merging with an unchanged side is the other side.
+    assert merge_trees(base, base, theirs) == (dict(theirs), [])
