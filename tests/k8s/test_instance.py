@@ -215,7 +215,8 @@ def test_a_run_is_queued_launched_and_read_back_from_postgres(tmp_path, pg_env):
             # One pass of the daemon's queue loop dequeues it and launches it into the code
             # server, which executes the run in its own process.
             try:
-                list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(context))
+                with QueuedRunCoordinatorDaemon(interval_seconds=1) as daemon:
+                    list(daemon.run_iteration(context))
                 finished = poll_for_finished_run(instance, run.run_id, timeout=120)
             finally:
                 _end_new_children(before)

@@ -110,7 +110,8 @@ def test_two_pod_indexed_job_trains_with_gloo_and_reports_through_pipes(tmp_path
 
 @pytest.mark.slow
 def test_a_failing_pod_fails_the_launch_and_cleans_up(tmp_path):
-    settings, job = _setup(tmp_path)
+    # One pod is enough to prove the failure path (two-pod wiring is proven above).
+    settings, job = _setup(tmp_path, nnodes=1)
     job.config["train"]["optimizer"] = "no-such-optimizer"
     cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES)
     (tmp_path / "cluster").mkdir()
@@ -122,8 +123,8 @@ def test_a_failing_pod_fails_the_launch_and_cleans_up(tmp_path):
     assert "TrainingJobFailed: training Job digits-sim failed" in text
     assert "Job BackoffLimitExceeded" in text and "container trainer exited 1" in text
     assert "train.optimizer" in text
-    assert cluster.calls[-1] == "delete Job digits-sim"
-    assert not cluster.jobs and not cluster.services
+    assert cluster.calls == ["create Job digits-sim", "delete Job digits-sim"]
+    assert not cluster.jobs
 
 
 def test_infeasible_request_fails_before_anything_is_created(tmp_path):
@@ -167,3 +168,28 @@ def test_kubelet_expansion_matches_kubernetes():
     env = {"POD_INDEX": "1"}
     assert expand("--local-addr=x-$(POD_INDEX).svc", env) == "--local-addr=x-1.svc"
     assert expand("$$(POD_INDEX) $(UNSET)", env) == "$(POD_INDEX) $(UNSET)"
+
+
+@pytest.mark.slow
+def test_cancelling_the_step_deletes_job_and_service_and_stops_pods(tmp_path):
+    """Dagster cancels a run by raising inside the step; the launcher's `finally` must run."""
+    from resources.k8s.manifests import build_manifests
+
+    settings, job = _setup(tmp_path, epochs=50)
+    (tmp_path / "cluster").mkdir()
+    cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES)
+    client = TrainingJobClient(cluster.batch, cluster.core, poll_interval_s=0.2, pending_timeout_s=60)
+    Path(settings.shared_mount_path, "launches", job.name).mkdir(parents=True)
+    Path(settings.shared_mount_path, "launches", job.name, "config.json").write_text(json.dumps(job.config))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with client.launched(build_manifests(job, settings)) as name:
+                pods = client.wait_started(name, settings.namespace, job.nnodes)
+                assert [p.status.phase for p in pods] == ["Running", "Running"]
+                processes = [p.proc for j in cluster.jobs.values() for p in j.pods]
+                raise KeyboardInterrupt  # what the step sees when the run is terminated
+    finally:
+        cluster.close()
+    assert cluster.calls == ["create Job digits-sim", "create Service digits-sim",
+                             "delete Service digits-sim", "delete Job digits-sim"]
+    assert all(proc.poll() is not None for proc in processes)
