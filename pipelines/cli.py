@@ -13,7 +13,6 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from assets.lineage import commit_ids
 from assets.registry import (
     PRODUCTION,
     AliasError,
@@ -69,6 +68,8 @@ def _print_lineage(profile: Profile, model: str, version: int | None, as_json: b
         annotated = {**record, "annotations": {"comments": comments, PRODUCTION: alias}}
         print(json.dumps(annotated, indent=2, sort_keys=True))
         return 0
+    from assets.lineage import commit_ids  # imports torch: only where needed
+
     resolved = {name: _resolves(store, cid) for name, cid in commit_ids(record).items()}
     print(format_lineage(record, resolved, production=alias, comments=comments))
     return 0
@@ -167,7 +168,7 @@ def data_facts(record: dict) -> dict[str, object]:
                               "shards commit": d["shards_commit"], "weights commit": record["checkpoint"]["commit"]}
     splits = record["training"]["config"].get("data", {}).get("manifest", {}).get("splits", {})
     for split, info in sorted(splits.items()):
-        out[f"{split} samples"] = info.get("num_samples")
+        out[f"{split} split size"] = info.get("num_samples")
     out["code"] = f"{record['code'].get('git_sha')}{' (dirty)' if record['code'].get('dirty') else ''}"
     return out
 
@@ -202,7 +203,8 @@ def format_value(value: object) -> str:
 def table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
     fmt = lambda cells: indent + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+    rule = [("-" * w) if header[i] else " " * w for i, w in enumerate(widths)]
+    return [fmt(header), fmt(rule), *(fmt(r) for r in rows)]
 
 
 def format_compare(records: list[dict], only_differences: bool = False) -> str:
