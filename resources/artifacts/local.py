@@ -34,9 +34,14 @@ class LocalArtifactStore(ArtifactStore):
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-            dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.is_dir():
                 raise ArtifactError(f"cannot write artifact {key!r}: a directory of artifacts has that name")
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise ArtifactError(
+                    f"cannot write artifact {key!r}: a parent of it is already an artifact; pick another key"
+                ) from None
             # Same filesystem, so the rename is atomic: readers see the old or the whole new file.
             os.replace(tmp, dest)
         except BaseException:

@@ -78,3 +78,16 @@ def test_invalid_keys_are_refused(artifact_store: ArtifactStore, tmp_path: Path,
     with pytest.raises(ArtifactError, match="invalid artifact key"):
         artifact_store.exists(key)
     assert artifact_store.list_keys() == []
+
+
+def test_local_keys_that_collide_with_existing_artifacts_are_refused(tmp_path: Path):
+    from resources.artifacts.local import LocalArtifactStore
+
+    store = LocalArtifactStore(tmp_path / "artifacts")
+    src = write(tmp_path / "f", b"x")
+    store.put_file(src, "a/b")
+    with pytest.raises(ArtifactError, match="a parent of it is already an artifact"):
+        store.put_file(src, "a/b/c")
+    with pytest.raises(ArtifactError, match="directory of artifacts"):
+        store.put_file(src, "a")
+    assert store.list_keys() == ["a/b"]
