@@ -13,9 +13,6 @@ from kubernetes.client import (
     V1ContainerStatus,
     V1JobCondition,
     V1JobStatus,
-    V1Node,
-    V1NodeSpec,
-    V1NodeStatus,
     V1ObjectMeta,
     V1ObjectReference,
     V1Pod,
@@ -36,25 +33,7 @@ from resources.k8s.feasibility import (
     tolerates,
 )
 from resources.launch.base import GpuRequest
-
-GPU_TAINT = V1Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def node(name, *, labels=None, taints=None, unschedulable=None, cpu="64", memory="512Gi", **extra):
-    allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
-    allocatable.update({k.replace("__", "/").replace("_", "-"): v for k, v in extra.items()})
-    return V1Node(
-        metadata=V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, **(labels or {})}),
-        spec=V1NodeSpec(taints=taints, unschedulable=unschedulable),
-        status=V1NodeStatus(allocatable=allocatable, capacity=dict(allocatable)),
-    )
-
-
-def h100(name, gpus="8", **kw):
-    return node(name, labels={"nvidia.com/gpu.product": "H100"}, taints=[GPU_TAINT],
-                **{"nvidia.com__gpu": gpus}, **kw)
-
+from tests.k8s.helpers import GPU_TAINT, GPU_TOLERATION, h100, node
 
 CLUSTER = [
     node("cpu-a"),

@@ -24,7 +24,7 @@ from resources.k8s.manifests import PodSettings
 from resources.k8s.step_config import s3_secret_env
 from resources.launch.base import GpuRequest, TrainingJob
 from tests.k8s.local_cluster import LocalCluster, expand
-from tests.k8s.test_feasibility import h100, node
+from tests.k8s.helpers import h100, node
 from tests.runtime.helpers import make_config, make_dataset
 from tests.support.ports import free_ports
 
