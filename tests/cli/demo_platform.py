@@ -6,13 +6,18 @@ differences to show. Both runs are real Dagster runs with real torchrun (2 gloo 
 temporary ``DAGSTER_HOME``; the CLI sees them exactly as after ``python -m pipelines demo``.
 
 pytest registers a fixture once per conftest, so the three test packages share the platform
-through ``shared_demo_platform``, which builds it once per session.
+through ``shared_demo_platform``, which builds it once per session. To iterate on these tests
+without paying for the two runs each time, build a platform once
+(``python -m tests.cli.demo_platform DIR``) and point ``MODEL_FACTORY_DEMO_HOME`` at ``DIR``:
+each session then works on a fresh copy of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +79,8 @@ def write_instance_config(home: Path) -> None:
 
 def run_pipeline(home: Path, spec: PipelineSpec) -> str:
     profile = Profile(name="local", data_root=home / "platform")
-    job = build_definitions(profile, [spec]).resolve_job_def(training_job_name(spec))
+    # Only this pipeline: not the YAML pipelines that share its dataset (they would train too).
+    job = build_definitions(profile, [spec], with_yaml=False).resolve_job_def(training_job_name(spec))
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = job.execute_in_process(instance=instance, raise_on_error=False)
     if not result.success:
@@ -90,6 +96,7 @@ def build_demo_platform(home: Path) -> DemoPlatform:
     frame = pd.read_csv(source)
     frame.iloc[DROPPED_ROWS:].to_csv(source, index=False)
     second = run_pipeline(home, SECOND)
+    (home / "demo_runs.json").write_text(json.dumps([first, second]))
     return DemoPlatform(home=home, run_ids=[first, second])
 
 
@@ -98,7 +105,13 @@ _BUILT: dict[str, DemoPlatform] = {}
 
 def shared_demo_platform(tmp_path_factory) -> DemoPlatform:
     if "platform" not in _BUILT:
-        _BUILT["platform"] = build_demo_platform(tmp_path_factory.mktemp("demo") / "home")
+        home = tmp_path_factory.mktemp("demo") / "home"
+        prebuilt = os.environ.get("MODEL_FACTORY_DEMO_HOME")
+        if prebuilt:
+            shutil.copytree(prebuilt, home)
+            _BUILT["platform"] = DemoPlatform(home=home, run_ids=json.loads((home / "demo_runs.json").read_text()))
+        else:
+            _BUILT["platform"] = build_demo_platform(home)
     return _BUILT["platform"]
 
 

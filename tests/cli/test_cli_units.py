@@ -108,22 +108,41 @@ def test_reproduction_config_refuses_an_inconsistent_record(tmp_path):
 
 def test_reproduction_rows_flag_differences_beyond_tolerance():
     record = make_record(1)
-    repro = {"final_loss": 0.05, "steps": 12, "weights_sha256": "a" * 64,
+    repro = {"final_loss": 0.05, "steps": 12, "weights_sha256": "b" * 64, "max_weight_difference": 3e-8,
              "test": {"accuracy": 0.95, "loss": 0.1200001}, "validation": {"accuracy": 0.8, "loss": 0.2}}
     rows = {name: ok for name, _, _, ok in cli.reproduction_rows(record, repro, tolerance=1e-6)}
     assert rows == {"final training loss": True, "steps": True, "test accuracy": True, "test loss": True,
-                    "validation accuracy": False, "validation loss": True, "weights sha256": True}
+                    "validation accuracy": False, "validation loss": True, "weights sha256": None,
+                    "max |weight difference|": None}
     text = cli.format_reproduction(record, cli.reproduction_rows(record, repro, 1e-6), 1e-6)
     marked = [line.split()[1:3] for line in text.splitlines() if line.lstrip().startswith("*")]
     assert marked == [["validation", "accuracy"]]
 
 
+def test_max_weight_difference_compares_tensors():
+    import io
+
+    import torch
+
+    def saved(sd):
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        return buf.getvalue()
+
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
+    b = {"w": torch.tensor([1.0, 2.25]), "b": torch.tensor([0.5])}
+    assert cli.max_weight_difference(saved(a), saved(a)) == 0.0
+    assert cli.max_weight_difference(saved(a), saved(b)) == 0.25
+    assert cli.max_weight_difference(saved(a), saved({"w": torch.zeros(3), "b": torch.zeros(1)})) == float("inf")
+
+
 def test_code_warnings():
     same = {"git_sha": "abc", "dirty": False}
-    assert cli.code_warnings(same, same) == []
-    warnings = cli.code_warnings(same, {"git_sha": "def", "dirty": True})
-    assert len(warnings) == 2 and "code differs" in warnings[0] and "uncommitted" in warnings[1]
-    assert "cannot be recovered" in cli.code_warnings({"git_sha": "abc", "dirty": True}, same)[0]
+    assert cli.code_warnings(1, same, same) == []
+    warnings = cli.code_warnings(3, same, {"git_sha": "def", "dirty": True})
+    assert len(warnings) == 2 and warnings[0].startswith("code differs: v3 was trained at git abc")
+    assert "uncommitted" in warnings[1]
+    assert "cannot be recovered" in cli.code_warnings(1, {"git_sha": "abc", "dirty": True}, same)[0]
 
 
 def test_version_numbers_accept_v_prefix_and_refuse_garbage():
@@ -214,3 +233,24 @@ def test_an_empty_store_is_an_unknown_model_not_a_crash(tmp_path):
     store = make_store("local", root=tmp_path / "store", repository="model-factory")
     with pytest.raises(UnknownModelVersionError, match="no model versions yet"):
         cli.read_lineage(store, "toy")
+
+
+COMMANDS = ("demo", "lineage", "versions", "compare", "diff", "reproduce", "comment", "promote", "rollback")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m pipelines {command}")
+    assert "-h, --help" in out
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    for command in COMMANDS:
+        assert command in out

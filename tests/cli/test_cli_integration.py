@@ -1,0 +1,155 @@
+"""``python -m pipelines`` as a user runs it, on a temporary DAGSTER_HOME after two real demo runs."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from assets.registry import read_alias, read_lineage
+from tests.cli.demo_platform import DROPPED_ROWS, shared_demo_platform
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return shared_demo_platform(tmp_path_factory)
+
+
+def ok(result) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def one_line_error(result, code: int) -> str:
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def row(text: str, *first_cells: str) -> list[str]:
+    """The table row whose cells (after the optional '*' mark) start with ``first_cells``."""
+    for line in text.splitlines():
+        cells = line.split()
+        if cells[:len(first_cells)] == list(first_cells) or cells[1:len(first_cells) + 1] == list(first_cells):
+            return cells
+    raise AssertionError(f"no row starting with {first_cells} in:\n{text}")
+
+
+def observations(demo, model: str = "digits") -> list[dg.AssetObservation]:
+    with dg.DagsterInstance.from_config(str(demo.home)) as instance:
+        records = instance.fetch_observations(dg.AssetKey([model, "model_version"]), limit=100).records
+        return [r.asset_observation for r in records]
+
+
+def test_compare_puts_two_versions_side_by_side(demo):
+    out = ok(demo.cli("compare", "digits", "1", "v2"))
+    assert out.splitlines()[0].startswith("digits: v1 vs v2")
+    assert row(out, "train.seed") == ["*", "train.seed", "0", "1"]
+    assert row(out, "train.lr") == ["*", "train.lr", "0.0030", "0.0050"]
+    assert row(out, "train.epochs") == ["*", "train.epochs", "3", "4"]
+    assert row(out, "train.batch_size") == ["train.batch_size", "32", "32"]
+    first, second = (read_lineage(demo.store(), "digits", v) for v in (1, 2))
+    assert row(out, "shards", "commit") == ["*", "shards", "commit", first["data"]["shards_commit"][:12],
+                                            second["data"]["shards_commit"][:12]]
+    accuracy = row(out, "test", "accuracy")
+    assert accuracy[-2:] == [f"{first['evaluation']['test']['accuracy']:.4f}",
+                             f"{second['evaluation']['test']['accuracy']:.4f}"]
+    train_1, train_2 = (r["training"]["config"]["data"]["manifest"]["splits"]["train"]["num_samples"]
+                        for r in (first, second))
+    assert train_1 > train_2  # v2 was trained without the first rows
+    assert row(out, "train", "split", "size")[-2:] == [str(train_1), str(train_2)]
+
+
+def test_diff_shows_data_objects_parameters_and_metrics(demo):
+    out = ok(demo.cli("diff", "digits", "1", "2"))
+    assert out.splitlines()[0] == "digits: v1 -> v2"
+    raw = row(out, "changed", "datasets/digits/raw/data.parquet")
+    assert raw[2] != raw[4]  # the raw file shrank: rows were dropped
+    assert row(out, "changed", "datasets/digits/shards/manifest.json")
+    assert row(out, "train.seed") == ["train.seed", "0", "1"]
+    assert "train.batch_size" not in out
+    store = demo.store()
+    first, second = (read_lineage(store, "digits", v) for v in (1, 2))
+    entries = store.diff(first["data"]["shards_commit"], second["data"]["shards_commit"], prefix="datasets/digits/")
+    assert len(entries) > 1
+    for entry in entries:
+        assert row(out, entry.type, entry.path)
+    assert row(out, "test", "samples") == ["test", "samples",
+                                           str(first["evaluation"]["test"]["num_samples"]),
+                                           str(second["evaluation"]["test"]["num_samples"])]
+    assert DROPPED_ROWS > 0
+
+
+def test_comment_reaches_the_store_lineage_and_the_asset_history(demo):
+    text = "Good enough for the shadow deployment"
+    out = ok(demo.cli("comment", "digits", "1", text, "--author", "alice"))
+    assert out.startswith("Recorded comment on digits v1 by alice")
+    lineage = ok(demo.cli("lineage", "digits", "--version", "1"))
+    assert f"alice: {text}" in lineage
+    as_json = json.loads(ok(demo.cli("lineage", "digits", "--version", "1", "--json")))
+    assert [(c["author"], c["text"]) for c in as_json["annotations"]["comments"]][-1] == ("alice", text)
+    assert as_json["version"] == 1 and as_json["checkpoint"]["sha256"]
+    observed = [o for o in observations(demo) if o.metadata.get("kind") == dg.TextMetadataValue("comment")
+                and o.metadata["comment"].value == text]
+    assert len(observed) == 1
+    assert observed[0].metadata["version"].value == 1
+    assert observed[0].metadata["author"].value == "alice"
+    assert observed[0].description == f"Comment on v1 by alice: {text}"
+
+
+def test_promote_and_rollback_move_the_production_alias_with_an_audit_trail(demo):
+    assert "production none -> v1" in ok(demo.cli("promote", "digits", "1", "--by", "alice"))
+    assert "production v1 -> v2" in ok(demo.cli("promote", "digits", "2", "--by", "bob"))
+    assert "this version, v2, is in production" in ok(demo.cli("lineage", "digits"))
+    assert "production v2 -> v1" in ok(demo.cli("rollback", "digits", "--by", "carol"))
+    assert "this version, v1, is in production (rollback by carol" in ok(demo.cli("lineage", "digits", "--version", "1"))
+    assert "v1 is in production, not this version" in ok(demo.cli("lineage", "digits", "--version", "2"))
+    alias = read_alias(demo.store(), "digits")
+    assert alias["version"] == 1
+    assert [(h["action"], h["from"], h["to"], h["by"]) for h in alias["history"]] == [
+        ("promote", None, 1, "alice"), ("promote", 1, 2, "bob"), ("rollback", 2, 1, "carol")]
+    assert all(h["at"] for h in alias["history"])
+    moves = [o for o in observations(demo) if o.metadata.get("kind") in
+             (dg.TextMetadataValue("promote"), dg.TextMetadataValue("rollback"))]
+    assert [o.metadata["production_version"].value for o in moves] == [1, 2, 1]
+    # Nothing before v1: a second rollback is refused and leaves the alias alone.
+    error = one_line_error(demo.cli("rollback", "digits"), 2)
+    assert "no earlier one to roll back to" in error
+    assert read_alias(demo.store(), "digits")["version"] == 1
+
+
+def test_unknown_models_and_versions_are_one_line_errors(demo):
+    assert one_line_error(demo.cli("lineage", "nosuchmodel"), 2) == \
+        "error: model 'nosuchmodel' has no registered versions; known models: digits"
+    assert one_line_error(demo.cli("compare", "digits", "1", "9"), 2) == \
+        "error: model 'digits' has no version 9; registered versions: 1, 2"
+    assert "no version 9" in one_line_error(demo.cli("promote", "digits", "9"), 2)
+    assert "no registered versions" in one_line_error(demo.cli("comment", "ghost", "1", "hi"), 2)
+
+
+def test_reproduce_retrains_from_the_lineage_record_and_reports_differences(demo):
+    result = demo.cli("reproduce", "digits", "1", timeout=600)
+    out = ok(result)
+    record = read_lineage(demo.store(), "digits", 1)
+    assert out.startswith(f"Reproducing digits v1: shards commit {record['data']['shards_commit'][:12]}, seed 0, 2 rank(s)")
+    for figure in ("final training loss", "test accuracy", "validation loss"):
+        assert row(out, *figure.split())[len(figure.split())] == \
+            row(out, *figure.split())[len(figure.split()) + 1]  # same to 4 decimals
+    assert row(out, "steps")[1:3] == [str(record["training_figures"]["steps"])] * 2
+    assert "Reproduced: every figure matches within 1e-06" in out
+    work_dir = out.splitlines()[0].split("work dir ")[1]
+    report = json.loads((__import__("pathlib").Path(work_dir) / "reproduction.json").read_text())
+    assert report["original_run"] == record["dagster"]["run_id"]
+    judged = [f for f in report["figures"] if f["within_tolerance"] is not None]
+    assert judged and all(f["within_tolerance"] for f in judged)
+    config = json.loads((__import__("pathlib").Path(work_dir) / "config.json").read_text())
+    assert config["data"]["commit_id"] == record["data"]["shards_commit"]
+    assert config["train"] == {k: v for k, v in record["training"]["config"]["train"].items()}
+    # The record was made from this repository; a dirty checkout or another commit is called out.
+    if record["code"].get("dirty"):
+        assert "uncommitted changes" in result.stderr
