@@ -135,14 +135,9 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **kwarg
 
 
 def shardable_submodules(model: nn.Module) -> list[nn.Module]:
-    """Modules FSDP wraps individually (innermost first): transformer layers, convs and linears."""
-    types = (nn.TransformerEncoderLayer, nn.Conv2d, nn.Linear)
-    out = []
-    inside_layer: set[int] = set()
-    for m in model.modules():
-        if isinstance(m, nn.TransformerEncoderLayer):
-            inside_layer.update(id(c) for c in m.modules() if c is not m)
-    for m in model.modules():
-        if m is not model and isinstance(m, types) and id(m) not in inside_layer:
-            out.append(m)
-    return out
+    """Modules FSDP shards as their own units: the transformer layers when there are any,
+    otherwise the convolutions and linear layers. The root takes the rest."""
+    layers = [m for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)]
+    if layers:
+        return layers
+    return [m for m in model.modules() if m is not model and isinstance(m, (nn.Conv2d, nn.Linear))]

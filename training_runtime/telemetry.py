@@ -74,10 +74,13 @@ def _nvml_index(cuda_index: int) -> int:
 
 
 def progress_line(*, epoch: int, epochs: int, step: int, total: int, loss: float,
-                  samples_per_second: float, elapsed_s: float, width: int = 20) -> str:
+                  samples_per_second: float, elapsed_s: float, start_step: int = 0,
+                  width: int = 20) -> str:
+    """One text progress-bar line; the ETA extrapolates this attempt's pace (from start_step)."""
     frac = step / total if total else 1.0
     filled = int(round(frac * width))
-    eta = elapsed_s / frac - elapsed_s if frac > 0 else 0.0
+    done = step - start_step
+    eta = elapsed_s * (total - step) / done if done > 0 else 0.0
     eta_s = str(datetime.timedelta(seconds=int(eta)))
     return (f"epoch {epoch}/{epochs} [{'#' * filled}{'.' * (width - filled)}] step {step}/{total} "
             f"({frac:.0%}) loss {loss:.4f} {samples_per_second:,.0f} samples/s ETA {eta_s}")

@@ -196,6 +196,10 @@ class Trainer:
             raise ConfigError(
                 f"checkpoint.dir {root} holds checkpoints of a different run ({path}: model, data or "
                 "train settings differ); use a fresh checkpoint.dir or restore the original config")
+        if state["step"] > self.total_steps:
+            raise ConfigError(
+                f"checkpoint {path} is at step {state['step']}, past this run's {self.total_steps} "
+                "steps; raise train.epochs / train.max_steps or use a fresh checkpoint.dir")
         load_full_state(self.model, self.optimizer, state["model"], state["optimizer"],
                         self.cfg.train.sharding)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -257,6 +261,7 @@ class Trainer:
                 f"{self.total_steps} steps, starting at step {step}")
         self.model.train()
         self.t_start = time.perf_counter()
+        self.start_step = step
         attempt_steps = 0
         iv = _Interval(info.device)
         while step < self.total_steps:
@@ -330,7 +335,8 @@ class Trainer:
         if step % max(1, math.ceil(self.total_steps / 10)) == 0 or step == self.total_steps:
             self.reporter.info(progress_line(
                 epoch=epoch + 1, epochs=cfg.train.epochs, step=step, total=self.total_steps,
-                loss=loss, samples_per_second=sps, elapsed_s=time.perf_counter() - self.t_start))
+                start_step=self.start_step, loss=loss, samples_per_second=sps,
+                elapsed_s=time.perf_counter() - self.t_start))
         if step % cfg.telemetry.every_steps == 0 or step == self.total_steps:
             self.reporter.custom({
                 "kind": "telemetry", "step": step, "epoch": epoch + 1, "loss": loss, "lr": lr,

@@ -72,7 +72,7 @@ def s3(tmp_path_factory):
                 os.environ[k] = v
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=3)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -37,15 +37,17 @@ def test_grad_accumulation_matches_one_big_batch(problem, world_of_one):
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("model, kwargs, precision", [
-    ("cnn", {"channels": 4}, "fp32"),
-    ("transformer", {"d_model": 16, "nhead": 2, "num_layers": 1, "dim_feedforward": 32}, "fp32"),
-    ("mlp", {"hidden_sizes": [16], "dropout": 0.1}, "bf16"),
+@pytest.mark.parametrize("model, kwargs, precision, sharding", [
+    ("cnn", {"channels": 4}, "fp32", "ddp"),
+    ("transformer", {"d_model": 16, "nhead": 2, "num_layers": 1, "dim_feedforward": 32}, "fp32", "ddp"),
+    ("transformer", {"d_model": 16, "nhead": 2, "num_layers": 1, "dim_feedforward": 32}, "fp32", "fsdp"),
+    ("cnn", {"channels": 4}, "fp32", "fsdp"),
+    ("mlp", {"hidden_sizes": [16], "dropout": 0.1}, "bf16", "ddp"),
 ])
-def test_models_and_precisions_train(problem, world_of_one, model, kwargs, precision):
+def test_models_and_precisions_train(problem, world_of_one, model, kwargs, precision, sharding):
     root, manifest, locations = problem
-    d = make_config(root, manifest, locations, name=f"m_{model}_{precision}", model=model,
-                    model_kwargs=kwargs, precision=precision, max_steps=5,
+    d = make_config(root, manifest, locations, name=f"m_{model}_{precision}_{sharding}", model=model,
+                    model_kwargs=kwargs, precision=precision, max_steps=5, sharding=sharding,
                     lr_schedule="linear_warmup_cosine", warmup_steps=2)
     cfg = RunConfig.from_dict(d)
     m = Trainer(cfg, world_of_one).run()
@@ -74,6 +76,23 @@ def test_finished_run_restarts_idempotently(problem, world_of_one):
     w2 = torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
     for k in w1:
         assert torch.equal(w1[k], w2[k])
+
+
+def test_checkpoint_past_the_configured_steps_is_refused(problem, world_of_one):
+    root, manifest, locations = problem
+    _run(problem, world_of_one, "shrunk", max_steps=4)
+    d = make_config(root, manifest, locations, name="shrunk", max_steps=2)
+    with pytest.raises(ConfigError, match="past this run's 2 steps"):
+        Trainer(RunConfig.from_dict(d), world_of_one).run()
+
+
+def test_progress_line_eta_uses_this_attempts_pace():
+    from training_runtime.telemetry import progress_line
+
+    line = progress_line(epoch=2, epochs=5, step=60, total=100, start_step=50, loss=0.5,
+                         samples_per_second=1000, elapsed_s=10.0)
+    assert line.startswith("epoch 2/5 [############........] step 60/100 (60%) loss 0.5000")
+    assert line.endswith("1,000 samples/s ETA 0:00:40")
 
 
 def test_checkpoints_of_another_run_are_refused(problem, world_of_one):
