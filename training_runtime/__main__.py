@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         fault = _fault_from_env()
         info = init_distributed()
         try:
-            Trainer(cfg, info, reporter, fault).run()
+            restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            Trainer(cfg, info, reporter, fault, restart_count=restarts).run()
         finally:
             close_distributed()
     return 0

@@ -66,7 +66,8 @@ class TrainConfig:
     optimizer: str = _doc("'adamw' or 'sgd' (momentum 0.9).", default="adamw")
     weight_decay: float = _doc("Decoupled (AdamW) or L2 (SGD) weight decay.", default=0.0)
     lr_schedule: str = _doc("'cosine', 'constant' or 'linear_warmup_cosine'.", default="cosine")
-    warmup_steps: int = _doc("Linear warmup steps (used by linear_warmup_cosine).", default=0)
+    warmup_steps: int = _doc(
+        "Linear warmup steps for 'linear_warmup_cosine' and 'constant' ('cosine' has none).", default=0)
     grad_accum_steps: int = _doc("Micro-batches accumulated per optimizer step on each rank.", default=1)
     seed: int = _doc("Seed for model init, shuffling and dropout.", default=0)
     max_steps: int | None = _doc("Stop after this many optimizer steps (None: run all epochs).", default=None)
@@ -127,6 +128,9 @@ class RunConfig:
             raise ConfigError(f"train.max_steps must be >= 1 or null, got {t.max_steps}")
         if t.warmup_steps < 0:
             raise ConfigError(f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
+        if t.warmup_steps and t.lr_schedule == "cosine":
+            raise ConfigError("train.warmup_steps is not used by train.lr_schedule 'cosine'; use "
+                              "'linear_warmup_cosine' or set warmup_steps to 0")
         if not (t.lr > 0 and math.isfinite(t.lr)):
             raise ConfigError(f"train.lr must be a positive finite number, got {t.lr}")
         if t.weight_decay < 0:

@@ -53,7 +53,7 @@ def make_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimi
 
 def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int, step: int) -> float:
     """LR factor for optimizer step ``step`` (0-based)."""
-    if warmup_steps and step < warmup_steps and schedule != "cosine":
+    if warmup_steps and step < warmup_steps and schedule != "cosine":  # cosine: no warmup
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
@@ -111,7 +111,9 @@ class _Interval:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, info: DistInfo, reporter: Reporter | None = None,
-                 fault: FaultInjection | None = None):
+                 fault: FaultInjection | None = None, restart_count: int = 0):
+        """``restart_count``: torchrun's TORCHELASTIC_RESTART_COUNT (reported, and the fault hook
+        fires only on attempt 0)."""
         self.cfg, self.info, self.fault = cfg, info, fault
         self.reporter = reporter or LogReporter()
         t = cfg.train
@@ -122,7 +124,7 @@ class Trainer:
         self.steps_per_epoch = steps_per_epoch(self.num_samples, info.world_size, t.batch_size)
         all_steps = t.epochs * self.steps_per_epoch
         self.total_steps = all_steps if t.max_steps is None else min(t.max_steps, all_steps)
-        self.restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.restart_count = restart_count
 
     # ------------------------------------------------------------ setup
     def _prepare_data(self) -> SplitData:
@@ -342,7 +344,9 @@ class Trainer:
                 "kind": "telemetry", "step": step, "epoch": epoch + 1, "loss": loss, "lr": lr,
                 "samples_per_second": sps,
                 "data_wait_share": sum(w for _, w in ranks) / max(1e-12, sum(times)),
-                "per_rank_step_time_s": [t / iv.steps for t in times], **self.stats.sample()})
+                "per_rank_step_time_s": [t / iv.steps for t in times],
+                "per_rank_data_wait_share": [w / max(1e-12, t) for t, w in ranks],
+                **self.stats.sample()})
 
     def _metrics(self, step: int, attempt_steps: int, resumed: int | None) -> dict[str, Any]:
         info, cfg, t = self.info, self.cfg, self.totals
@@ -363,6 +367,7 @@ class Trainer:
             "loss_history": [list(x) for x in self.loss_history],
             "lr_history": [list(x) for x in self.lr_history],
             "per_rank_step_time_s": [s / max(1, t.steps_timed) for s in t.step_time_s],
+            "per_rank_data_wait_share": [w / max(1e-12, s) for s, w in zip(t.step_time_s, t.wait_s)],
             "checkpoint_stall_s_total": t.checkpoint_stall_s,
             "resumed_from_step": resumed,
             "restart_count": self.restart_count,

@@ -56,6 +56,7 @@ def test_every_field_has_a_description():
     (("train", "sharding"), "zero3", "train.sharding must be one of"),
     (("train", "precision"), "fp16", "train.precision must be one of"),
     (("train", "lr"), -1, "train.lr must be a positive"),
+    (("train", "warmup_steps"), 5, "train.warmup_steps is not used by train.lr_schedule 'cosine'"),
     (("checkpoint", "dir"), "relative/ckpt", "checkpoint.dir must be an absolute path"),
     (("checkpoint", "keep_last"), 0, "checkpoint.keep_last must be >= 1"),
     (("output_dir",), "out", "output_dir must be an absolute path"),

@@ -49,7 +49,7 @@ def test_rank0_reports_progress_telemetry_and_final_figures(tmp_path):
     tele = [c for c in custom if c["kind"] == "telemetry"]
     assert [t["step"] for t in tele] == [4, 8]
     for key in ("loss", "lr", "samples_per_second", "data_wait_share", "per_rank_step_time_s",
-                "cpu_percent", "rss_bytes"):
+                "per_rank_data_wait_share", "cpu_percent", "rss_bytes"):
         assert key in tele[0], key
     final = [c for c in custom if c["kind"] == "final"]
     assert len(final) == 1 and final[0]["steps"] == 8 and final[0]["world_size"] == 1
