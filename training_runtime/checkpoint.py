@@ -196,7 +196,7 @@ def find_latest_valid(root: str | os.PathLike) -> tuple[Path, dict[str, Any]] | 
 
 
 def prune(root: str | os.PathLike, keep_last: int) -> list[Path]:
-    """Delete all but the newest ``keep_last`` checkpoints and stale temporary directories."""
+    """Delete all but the newest ``keep_last`` checkpoints; returns the deleted paths."""
     root = Path(root)
     removed = []
     for _, path in list_checkpoints(root)[keep_last:]:
