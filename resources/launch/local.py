@@ -13,13 +13,16 @@ from resources.launch.base import TrainingJob, TrainingLauncher
 
 
 def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.executable) -> list[str]:
-    """The torchrun command line for one node; --standalone picks a free rendezvous port."""
+    """The torchrun command line for one node, under the supervisor (see supervise.py);
+    --standalone picks a free rendezvous port."""
     if job.nnodes != 1:
         raise ValueError(
             f"the local launcher runs one node, but the job asks for nnodes={job.nnodes}; "
             "use the Kubernetes profile for several nodes or set the recipe's nnodes to 1"
         )
+    lock = Path(job.config["checkpoint"]["dir"]).parent / ".training.lock"
     return [
+        python, "-m", "resources.launch.supervise", "--lock", str(lock), "--",
         python, "-m", "torch.distributed.run",
         "--standalone",
         f"--nnodes=1",
@@ -41,6 +44,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
         job_dir.mkdir(parents=True, exist_ok=True)
         config_path = job_dir / "config.json"
         config_path.write_text(json.dumps(job.config, indent=2, sort_keys=True))
+        Path(job.config["checkpoint"]["dir"]).parent.mkdir(parents=True, exist_ok=True)
         env = {
             # Workers must import training_runtime from this checkout and keep BLAS to their share
             # of the cores: N ranks x all cores each would thrash a small machine.
