@@ -6,6 +6,7 @@ DNS names mapped to loopback addresses), reads rank 0's Pipes messages from pod 
 dagster-k8s's PipesK8sPodLogsMessageReader, waits for the Job, and deletes Job and Service.
 `python -m training_runtime` trains for real over 2 pods x 1 process with gloo: the manifest's
 torchrun wiring (c10d rendezvous on pod 0's name, node ranks, env, secrets) is proven, not assumed.
+The same job through the local launcher trains the same weights, so the launchers cannot drift.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from resources.k8s.launcher import run_training_job
 from resources.k8s.manifests import PodSettings
 from resources.k8s.step_config import s3_secret_env
 from resources.launch.base import GpuRequest, TrainingJob
+from resources.launch.local import LocalTorchrunLauncher
 from tests.k8s.local_cluster import LocalCluster, expand
 from tests.k8s.helpers import h100, node
 from tests.runtime.helpers import make_config, make_dataset
@@ -106,6 +108,28 @@ def test_two_pod_indexed_job_trains_with_gloo_and_reports_through_pipes(tmp_path
     # Only pod 0 carries Pipes messages; pod 1 trains silently.
     assert "__dagster_pipes_version" in pod0_log
     assert "__dagster_pipes_version" not in pod1_log
+
+    # The launchers cannot drift apart: the same job through the local launcher (one node,
+    # two processes under PipesSubprocessClient) reports alike and trains the same model.
+    local_root = tmp_path / "local"
+    local_config = make_config(local_root, job.config["data"]["manifest"], job.config["data"]["locations"],
+                               name="digits", epochs=1)
+    local_job = TrainingJob(name=job.name, config=local_config, nproc_per_node=2, env=job.env)
+    local_messages: list[dict] = []
+
+    @dg.asset
+    def checkpoint(context) -> dg.MaterializeResult:
+        """Trains through the local launcher."""
+        invocation = LocalTorchrunLauncher(local_root / "launches").launch(context, local_job)
+        local_messages.extend(invocation.get_custom_messages())
+        return dg.MaterializeResult()
+
+    assert dg.materialize([checkpoint]).success
+    (local_final,) = [m for m in local_messages if m.get("kind") == "final"]
+    assert local_final.keys() == finals[0].keys()
+    local_state = torch.load(Path(local_config["output_dir"]) / "weights.pt", map_location="cpu",
+                             weights_only=False)
+    torch.testing.assert_close(state, local_state)
 
 
 @pytest.mark.slow
