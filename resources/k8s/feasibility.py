@@ -40,6 +40,7 @@ class NodeVerdict:
     name: str
     fits: bool
     reasons: tuple[str, ...]
+    pods: int = 0  # how many pods of the request the node's allocatable resources could hold
 
 
 def _toleration_get(t: Any, key: str) -> Any:
@@ -90,11 +91,15 @@ def judge_node(gpu: GpuRequest, node: V1Node) -> NodeVerdict:
     wanted = {"cpu": gpu.cpu, "memory": gpu.memory}
     if gpu.gpus_per_node:
         wanted[gpu.resource_name] = str(gpu.gpus_per_node)
+    capacity: list[int] = []
     for resource, amount in wanted.items():
-        have = _quantity(allocatable.get(resource))
-        if have < parse_quantity(amount):
+        have, need = _quantity(allocatable.get(resource)), parse_quantity(amount)
+        if have < need:
             reasons.append(f"allocatable {resource}={allocatable.get(resource, 0)} < {amount}")
-    return NodeVerdict(node.metadata.name, not reasons, tuple(reasons))
+        elif need > 0:
+            capacity.append(int(have // need))
+    pods = min(capacity) if capacity and not reasons else 0
+    return NodeVerdict(node.metadata.name, not reasons, tuple(reasons), pods)
 
 
 def gpu_inventory(nodes: Sequence[V1Node]) -> dict[str, list[str]]:
@@ -108,20 +113,22 @@ def gpu_inventory(nodes: Sequence[V1Node]) -> dict[str, list[str]]:
 
 
 def check_feasibility(gpu: GpuRequest, nodes: Sequence[V1Node]) -> list[str]:
-    """Return the names of nodes that could hold one pod each; raise if fewer than `gpu.nodes`.
+    """Return the names of nodes that could hold a pod; raise if all of them together could
+    never hold the `gpu.nodes` pods of the request.
 
-    One pod per node is what the launcher asks for (each pod takes all GPUs it needs from one
-    node), so the request fits if at least `gpu.nodes` nodes qualify."""
+    Each pod takes its GPUs from one node; several pods may share a node with room for them
+    (two 4-GPU pods on one 8-GPU node), so the nodes' pod capacities are summed."""
     verdicts = [judge_node(gpu, n) for n in nodes]
     fitting = [v.name for v in verdicts if v.fits]
-    if len(fitting) >= gpu.nodes:
+    if sum(v.pods for v in verdicts) >= gpu.nodes:
         return fitting
     want = f"{gpu.gpus_per_node} x {gpu.resource_name}, " if gpu.gpus_per_node else ""
     lines = [
-        f"GPU request can never be scheduled: {gpu.nodes} node(s) needed with "
+        f"GPU request can never be scheduled: {gpu.nodes} pod(s) needed, each with "
         f"{want}cpu {gpu.cpu}, memory {gpu.memory}"
         + (f", nodeSelector {dict(gpu.node_selector)}" if gpu.node_selector else "")
         + f"; {len(fitting)} of {len(nodes)} node(s) qualify"
+        + f" with room for {sum(v.pods for v in verdicts)} pod(s)"
         + (f" ({', '.join(fitting)})" if fitting else "")
         + "."
     ]

@@ -59,7 +59,7 @@ def test_more_gpus_per_node_than_any_node_has_fails_at_once_with_every_reason():
     with pytest.raises(InfeasibleGpuRequest) as info:
         check_feasibility(req(nodes=1, gpus_per_node=16), CLUSTER)
     msg = str(info.value)
-    assert "0 of 6 node(s) qualify" in msg
+    assert "0 of 6 node(s) qualify with room for 0 pod(s)" in msg
     assert "gpu-a: allocatable nvidia.com/gpu=8 < 16" in msg
     assert "cpu-a: allocatable nvidia.com/gpu=0 < 16" in msg
     # The message lists what the cluster does offer, including MIG slices, and the fix.
@@ -68,8 +68,19 @@ def test_more_gpus_per_node_than_any_node_has_fails_at_once_with_every_reason():
 
 
 def test_too_many_nodes_fails():
-    with pytest.raises(InfeasibleGpuRequest, match=r"3 node\(s\) needed .* 2 of 6 node\(s\) qualify"):
+    with pytest.raises(InfeasibleGpuRequest, match=r"3 pod\(s\) needed.* 2 of 6 node\(s\) qualify with room for 2 pod\(s\)"):
         check_feasibility(req(nodes=3, gpus_per_node=8), CLUSTER)
+
+
+def test_pods_may_share_a_node_with_room_for_them():
+    # Two 4-GPU pods fit one 8-GPU node; three do not.
+    assert check_feasibility(req(nodes=2, gpus_per_node=4), [h100("gpu-a")]) == ["gpu-a"]
+    with pytest.raises(InfeasibleGpuRequest, match="room for 2 pod"):
+        check_feasibility(req(nodes=3, gpus_per_node=4), [h100("gpu-a")])
+    # CPU or memory can be the limit instead of GPUs.
+    assert check_feasibility(req(nodes=1, gpus_per_node=1, cpu="40"), [h100("gpu-a")]) == ["gpu-a"]
+    with pytest.raises(InfeasibleGpuRequest, match="room for 1 pod"):
+        check_feasibility(req(nodes=2, gpus_per_node=1, cpu="40"), [h100("gpu-a")])
 
 
 def test_untolerated_taint_blocks_gpu_nodes():
