@@ -97,6 +97,7 @@ class PeakMemory:
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "PeakMemory":
+        self.start_rss, self.start_anon = self.read()
         self._sample()
         self._thread.start()
         return self

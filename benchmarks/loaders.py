@@ -52,10 +52,13 @@ def warm_page_cache(root: Path) -> None:
 
 
 # ---------------------------------------------------------------- loaders (epoch -> batches)
-def ours(data: Path, workers: int, seed: int):
+def ours(data: Path, workers: int, seed: int, proposed: bool = False):
     import torch
 
     from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
+
+    if proposed:
+        from benchmarks.proposed.data import SplitDataOneCopy as SplitData  # noqa: F811
 
     man = _manifest(data)
     paths = [p for p, _ in _train_files(data)]
@@ -163,12 +166,17 @@ def webdataset(data: Path, workers: int, seed: int):
     return epoch
 
 
-LOADERS = {"ours": ours, "memmap": memmap, "pandas": pandas, "streaming": streaming,
+def ours_proposed(data: Path, workers: int, seed: int):
+    """The runtime's loader with the gather of benchmarks/proposed/data.py."""
+    return ours(data, workers, seed, proposed=True)
+
+
+LOADERS = {"ours": ours, "ours_proposed": ours_proposed, "memmap": memmap, "pandas": pandas, "streaming": streaming,
            "webdataset": webdataset}
 
 
 def measure(loader: str, data: Path, seconds: float, workers: int, seed: int = 0) -> dict:
-    warm_page_cache(data / ("shards" if loader in ("ours", "memmap", "pandas") else
+    warm_page_cache(data / ("shards" if loader in ("ours", "ours_proposed", "memmap", "pandas") else
                             "mds" if loader == "streaming" else "wds"))
     epoch_fn = LOADERS[loader](data, workers, seed)
     samples = batches = 0

@@ -86,12 +86,11 @@ def stall(a: dict) -> dict:
 
 # ---------------------------------------------------------------- preprocessing
 def _bench_spec(csv_name: str, dim: int, samples_per_shard: int):
-    from assets.spec import PipelineSpec, Source, Split
+    from assets.spec import model_pipeline
 
-    return PipelineSpec(
-        name="bench", source=Source(paths=(csv_name,)), feature_columns=tuple(f"f{i}" for i in range(dim)),
-        label_column="label", id_column="sample_id", class_names=tuple(str(c) for c in range(10)),
-        split=Split(seed=0, samples_per_shard=samples_per_shard))
+    return model_pipeline(
+        "bench", source=csv_name, features=[f"f{i}" for i in range(dim)], label="label",
+        id_column="sample_id", classes=range(10), split={"seed": 0, "samples_per_shard": samples_per_shard})
 
 
 def _digest(out: Path, manifest: dict) -> str:
@@ -147,10 +146,15 @@ def preprocess(a: dict) -> dict:
                         x[s:s + sps].tofile(f)
                         y[s:s + sps].tofile(f)
             result["ok"] = True
-        except MemoryError as e:
-            result.update(ok=False, error=f"MemoryError: {e}")
+        except Exception as e:
+            if limit is None:
+                raise
+            # under the data limit any allocation may fail: a MemoryError, or a thread whose
+            # stack cannot be mapped (pandas' parallel CSV reader)
+            result.update(ok=False, error=f"{type(e).__name__}: {e}")
         result["seconds"] = time.perf_counter() - t0
     result.update(peak_rss_bytes=mem.peak_rss, peak_anon_bytes=mem.peak_anon,
+                  work_anon_bytes=mem.peak_anon - mem.start_anon,
                   mb_per_s=source_bytes / 2**20 / result["seconds"])
     return result
 
@@ -178,38 +182,48 @@ def _train_state(hidden: int, layers: int):
 def checkpoint(a: dict) -> dict:
     import torch
 
+    from benchmarks.proposed import checkpoint as proposed
     from training_runtime import checkpoint as ckpt
 
     state = _train_state(a["hidden"], a["layers"])
     buf = io.BytesIO()
     torch.save(state, buf)
     nbytes = len(buf.getvalue())
+    del buf
     root = Path(a["dir"])
     root.mkdir(parents=True, exist_ok=True)
-    times: dict[str, list[float]] = {"torch_save": [], "sync": [], "async_stall": [], "sync_stall": []}
+    times: dict[str, list[float]] = {k: [] for k in (
+        "torch_save", "sync", "sync_proposed", "sync_stall", "async_stall", "async_proposed_stall")}
+    staged = proposed.StagedCheckpointWriter(str(root / "async_proposed"), keep_last=1, async_save=True)
+    order = ["torch_save", "sync", "sync_proposed", "sync_writer", "async", "async_proposed"]
     for rep in range(a["reps"]):
-        order = ["torch_save", "sync", "async", "sync_writer"]
-        order = order[rep % 4:] + order[:rep % 4]
-        for what in order:
+        state["step"] = rep
+        for what in order[rep % len(order):] + order[:rep % len(order)]:
+            t = time.perf_counter()
             if what == "torch_save":
-                p = root / "plain.pt"
-                t = time.perf_counter()
-                torch.save(state, p)
-                times["torch_save"].append(time.perf_counter() - t)
-                p.unlink()
+                torch.save(state, root / "plain.pt")
+                times[what].append(time.perf_counter() - t)
+                (root / "plain.pt").unlink()
             elif what == "sync":
-                t = time.perf_counter()
                 ckpt.write_checkpoint(root / "sync", rep, state)
-                times["sync"].append(time.perf_counter() - t)
+                times[what].append(time.perf_counter() - t)
+            elif what == "sync_proposed":
+                proposed.write_checkpoint_streaming(root / "sync_proposed", rep, state)
+                times[what].append(time.perf_counter() - t)
+            elif what == "async_proposed":
+                staged.save(rep, state)
+                times["async_proposed_stall"].append(time.perf_counter() - t)
+                staged.wait()
             else:
                 w = ckpt.CheckpointWriter(str(root / what), keep_last=1, async_save=what == "async")
-                t = time.perf_counter()
-                # what Trainer._save does on rank 0 after the state dicts are gathered
+                # what Trainer._save does on rank 0 once the state dicts are gathered
                 w.save(rep, ckpt.copy_to_cpu(state) if what == "async" else state)
-                dt = time.perf_counter() - t
+                times["async_stall" if what == "async" else "sync_stall"].append(time.perf_counter() - t)
                 w.wait()
-                times["async_stall" if what == "async" else "sync_stall"].append(dt)
-    return {"state_bytes": nbytes, "times": times}
+    # the proposed files are valid runtime checkpoints holding the same tensors
+    found = ckpt.find_latest_valid(root / "sync_proposed")
+    same = found is not None and all(torch.equal(found[1]["model"][k], v) for k, v in state["model"].items())
+    return {"state_bytes": nbytes, "times": times, "proposed_checkpoint_loads": same}
 
 
 # ---------------------------------------------------------------- loading (growth)
@@ -235,6 +249,7 @@ def load(a: dict) -> dict:
                 n += len(b.y)
         dt = time.perf_counter() - t0
     return {"samples": n, "seconds": dt, "peak_rss_bytes": mem.peak_rss, "peak_anon_bytes": mem.peak_anon,
+            "work_anon_bytes": mem.peak_anon - mem.start_anon,
             "data_bytes": sum(p.stat().st_size for p in paths)}
 
 

@@ -1,0 +1,407 @@
+"""The benchmark harness: ``python -m benchmarks.run [--size tiny|full] [--only NAME]``.
+
+Runs the seven figures of issue 8, each as a ratio measured side by side in this one run
+(repetitions interleaved, medians reported), writes ``results.json`` and the results table of
+``BENCHMARKS.md`` (between its markers; the notes around the table are kept). Every measurement
+runs in its own subprocess; the peers run in ``benchmarks/.peers-venv`` (created by
+``benchmarks/peers_setup.sh`` when missing, unless ``--no-peers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks.common import (
+    BENCH, DATA, PEERS_PY, PEERS_VENV, REPO, VENV_PY, ProbeError, fit_exponent, load_average, machine,
+    median, rotate, run_json)
+
+SIZES = {
+    "tiny": {"reps": 1, "loader_seconds": 0.4, "rows_4k": 1100, "rows_192k": 120, "stall_seconds": 0.5,
+             "pre_rows": 2000, "pre_dim": 64, "ckpt_hidden": 256, "ckpt_reps": 1, "scale_steps": 4,
+             "scale_rows": 1200, "over_rows": 1500, "over_target_s": 1.0, "growth_rows": 300,
+             "growth_samples": 512, "limit_mb": 24, "chunk_rows": 256, "timeout": 300},
+    "full": {"reps": 3, "loader_seconds": 2.0, "rows_4k": 17000, "rows_192k": 1420, "stall_seconds": 4.0,
+             "pre_rows": 12000, "pre_dim": 256, "ckpt_hidden": 2048, "ckpt_reps": 5, "scale_steps": 40,
+             "scale_rows": 20000, "over_rows": 20000, "over_target_s": 70.0, "growth_rows": 2000,
+             "growth_samples": 4096, "limit_mb": 64, "chunk_rows": 4096, "timeout": 900},
+}
+BENCHMARKS = ("loaders", "stall", "preprocess", "checkpoint", "scaling", "overhead", "growth")
+PEERS = ("streaming", "webdataset", "pandas")
+MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+class Ctx:
+    def __init__(self, size: str, data: Path, peers: bool):
+        self.size, self.p, self.data, self.peers = size, SIZES[size], data, peers
+        self.py = str(VENV_PY if VENV_PY.exists() else Path(sys.executable))
+        self.peer_problem: str | None = None
+
+    def probe(self, name: str, args: dict, timeout: float | None = None) -> dict:
+        return run_json([self.py, "-m", "benchmarks.probes", name, "--args", json.dumps(args)],
+                        timeout=timeout or self.p["timeout"])
+
+
+# ---------------------------------------------------------------- peers' environment
+def ensure_peers(ctx: Ctx) -> None:
+    if not ctx.peers:
+        ctx.peer_problem = "peers not run (--no-peers)"
+        return
+    if (PEERS_VENV / ".installed").exists():
+        return
+    p = subprocess.run(["bash", str(BENCH / "peers_setup.sh")], capture_output=True, text=True, timeout=1200)
+    if p.returncode != 0 or not (PEERS_VENV / ".installed").exists():
+        lines = [ln for ln in (p.stderr + p.stdout).splitlines() if not ln.startswith("WARNING: Location")]
+        ctx.peer_problem = "peers' venv could not be installed: " + " | ".join(lines[-3:])
+
+
+# ---------------------------------------------------------------- 1. loader throughput
+def bench_loaders(ctx: Ctx) -> dict:
+    from benchmarks import datagen
+
+    p = ctx.p
+    out: dict = {"batch": 256, "workers": 2, "seconds_per_measurement": p["loader_seconds"], "sizes": {}}
+    for label, dim, rows in (("4KB", 1024, p["rows_4k"]), ("192KB", 49152, p["rows_192k"])):
+        data = ctx.data / f"loader_{label}_{ctx.size}"
+        man = datagen.shard_dataset(data, rows=rows, dim=dim, samples_per_shard=512 if dim == 1024 else 64)
+        n = man["splits"]["train"]["num_samples"]
+        entry: dict = {"train_samples": n, "train_bytes": n * (dim * 4 + 8), "runs": {}, "errors": {}}
+        loaders = ["memmap", "ours", "ours_proposed"]
+        if ctx.peer_problem is None:
+            try:
+                entry["peer_files"] = run_json([str(PEERS_PY), "-m", "benchmarks.loaders", "write-peers",
+                                                "--data", str(data)], timeout=p["timeout"])
+                loaders += list(PEERS)
+            except ProbeError as e:
+                for peer in PEERS:
+                    entry["errors"][peer] = f"writing peer formats failed: {e}"
+        else:
+            for peer in PEERS:
+                entry["errors"][peer] = ctx.peer_problem
+        for rep in range(p["reps"]):
+            for name in rotate(loaders, rep):
+                if name in entry["errors"]:
+                    continue
+                py = str(PEERS_PY) if name in PEERS else ctx.py
+                try:
+                    r = run_json([py, "-m", "benchmarks.loaders", "measure", "--loader", name, "--data", str(data),
+                                  "--seconds", str(p["loader_seconds"]), "--workers", "2"], timeout=p["timeout"])
+                    entry["runs"].setdefault(name, []).append(r["samples_per_s"])
+                except ProbeError as e:
+                    entry["errors"][name] = str(e)[-600:]
+        med = {k: median(v) for k, v in entry["runs"].items()}
+        entry["median_samples_per_s"] = med
+        if "memmap" in med:
+            entry["vs_memory_read_limit"] = {k: v / med["memmap"] for k, v in med.items()}
+        peers = {k: v for k, v in med.items() if k in PEERS}
+        if peers and "ours" in med:
+            best = max(peers, key=peers.get)
+            entry["best_peer"] = best
+            entry["ours_vs_best_peer"] = med["ours"] / peers[best]
+        out["sizes"][label] = entry
+    return out
+
+
+# ---------------------------------------------------------------- 2. data stall
+def bench_stall(ctx: Ctx) -> dict:
+    data = ctx.data / f"loader_4KB_{ctx.size}"
+    if not (data / "shards" / "manifest.json").exists():
+        from benchmarks import datagen
+
+        datagen.shard_dataset(data, rows=ctx.p["rows_4k"], dim=1024, samples_per_shard=512)
+    runs = [ctx.probe("stall", {"data": str(data), "batch": 256, "width": 256, "workers": 1, "prefetch": 4,
+                                "seconds": ctx.p["stall_seconds"]}) for _ in range(ctx.p["reps"])]
+    return {"sample": "4KB", "batch": 256, "loader": "runtime defaults: num_workers=1, prefetch_batches=4",
+            "runs": runs, "stall_share": median([r["stall_share"] for r in runs]),
+            "compute_step_s": median([r["compute_step_s"] for r in runs])}
+
+
+# ---------------------------------------------------------------- 3. preprocessing
+def bench_preprocess(ctx: Ctx) -> dict:
+    from benchmarks import datagen
+
+    p = ctx.p
+    src = datagen.csv_source(ctx.data / "csv" / f"pre_{ctx.size}.csv", rows=p["pre_rows"], dim=p["pre_dim"])
+    runs: dict[str, list[dict]] = {}
+    for rep in range(p["reps"]):
+        for how in rotate(["platform", "pyarrow", "chunked"], rep):
+            runs.setdefault(how, []).append(ctx.probe("preprocess", {
+                "source": str(src), "dim": p["pre_dim"], "samples_per_shard": 4096, "how": how,
+                "chunk_rows": p["chunk_rows"], "tmp": str(ctx.data)}))
+    mbps = {k: median([r["mb_per_s"] for r in v]) for k, v in runs.items()}
+    return {"source_bytes": src.stat().st_size, "rows": p["pre_rows"], "features": p["pre_dim"],
+            "median_mb_per_s": mbps, "platform_vs_pyarrow": mbps["platform"] / mbps["pyarrow"],
+            "chunked_vs_pyarrow": mbps["chunked"] / mbps["pyarrow"],
+            "same_shards": len({r["digest"] for k in ("platform", "chunked") for r in runs[k]}) == 1,
+            "runs": runs}
+
+
+# ---------------------------------------------------------------- 4. checkpointing
+def bench_checkpoint(ctx: Ctx) -> dict:
+    with tempfile.TemporaryDirectory(dir=ctx.data, prefix="ckpt-") as tmp:
+        r = ctx.probe("checkpoint", {"dir": tmp, "hidden": ctx.p["ckpt_hidden"], "layers": 2,
+                                     "reps": ctx.p["ckpt_reps"]})
+    t = {k: median(v) for k, v in r["times"].items()}
+    return {"state_bytes": r["state_bytes"], "median_s": t, "times": r["times"],
+            "proposed_checkpoint_loads": r["proposed_checkpoint_loads"],
+            "sync_vs_torch_save": t["torch_save"] / t["sync"],
+            "sync_proposed_vs_torch_save": t["torch_save"] / t["sync_proposed"],
+            "async_stall_vs_sync": t["async_stall"] / t["sync_stall"],
+            "async_proposed_stall_vs_sync": t["async_proposed_stall"] / t["sync_stall"]}
+
+
+# ---------------------------------------------------------------- 5. scaling
+def bench_scaling(ctx: Ctx) -> dict:
+    from benchmarks import datagen, training
+
+    data = ctx.data / f"train_256_{ctx.size}"
+    man = datagen.shard_dataset(data, rows=ctx.p["scale_rows"], dim=256, samples_per_shard=4096)
+    per_rank = 256
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    with tempfile.TemporaryDirectory(dir=ctx.data, prefix="scale-") as tmp:
+        for rep in range(ctx.p["reps"]):
+            for nproc in rotate([1, 2], rep):
+                cfg = training.runtime_config(data, man, Path(tmp) / f"r{nproc}", global_batch=per_rank * nproc,
+                                              max_steps=ctx.p["scale_steps"])
+                m = training.torchrun(cfg, Path(tmp) / f"r{nproc}", nproc, timeout=ctx.p["timeout"])
+                step = max(m["per_rank_step_time_s"])
+                runs[nproc].append({"samples_per_s": per_rank * nproc / step, "step_s": step,
+                                    "per_rank_step_time_s": m["per_rank_step_time_s"],
+                                    "data_wait_share": m["data_wait_share"], "steps": m["steps"]})
+    sps = {n: median([r["samples_per_s"] for r in v]) for n, v in runs.items()}
+    return {"model": training.MODEL, "features": 256, "per_rank_batch": per_rank, "threads_per_rank": 1,
+            "median_samples_per_s": {str(k): v for k, v in sps.items()},
+            "efficiency": sps[2] / (2 * sps[1]), "runs": {str(k): v for k, v in runs.items()}}
+
+
+# ---------------------------------------------------------------- 6. platform overhead
+def bench_overhead(ctx: Ctx) -> dict:
+    from benchmarks import datagen
+
+    p = ctx.p
+    src = datagen.csv_source(ctx.data / "csv" / f"overhead_{ctx.size}.csv", rows=p["over_rows"], dim=256)
+    plain = [ctx.py, "-m", "benchmarks.plain_pipeline", "--source", str(src), "--dim", "256"]
+    calib = run_json(plain + ["--epochs", "1"], timeout=p["timeout"])
+    epochs = max(1, math.ceil(p["over_target_s"] / calib["train_s"]))
+    t0 = time.perf_counter()
+    plain_r = run_json(plain + ["--epochs", str(epochs)], timeout=p["timeout"])
+    plain_wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(dir=ctx.data, prefix="dagster-home-") as home:
+        Path(home, "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        launched = time.time()
+        t0 = time.perf_counter()
+        plat = run_json([ctx.py, "-m", "benchmarks.pipeline_job", "--source", str(src), "--dim", "256",
+                         "--epochs", str(epochs), "--launched-at", str(launched)],
+                        timeout=p["timeout"] * 2, env={"DAGSTER_HOME": home, "PLATFORM_PROFILE": "local"})
+        plat_wall = time.perf_counter() - t0
+    first = plat["first_step_at"]
+    return {"rows": p["over_rows"], "source_bytes": src.stat().st_size, "epochs": epochs,
+            "plain": {"wall_s": plain_wall, **plain_r}, "platform": {"wall_s": plat_wall, **plat},
+            "platform_vs_plain": plat_wall / plain_wall,
+            "launch_to_first_step_s": None if first is None else first - launched,
+            "execute_to_first_step_s": None if first is None else first - plat["execute_at"],
+            "note": "run once (each side takes minutes); not interleaved"}
+
+
+# ---------------------------------------------------------------- 7. growth
+def bench_growth(ctx: Ctx) -> dict:
+    from benchmarks import datagen
+
+    p = ctx.p
+    factors = [1, 4, 16]
+    pre: dict[str, dict] = {"platform": {}, "chunked": {}}
+    srcs = {f: datagen.csv_source(ctx.data / "csv" / f"growth_{ctx.size}_{f}x.csv", rows=p["growth_rows"] * f,
+                                  dim=256) for f in factors}
+    for f in factors:
+        for how in ("platform", "chunked"):
+            pre[how][str(f)] = ctx.probe("preprocess", {
+                "source": str(srcs[f]), "dim": 256, "samples_per_shard": 4096, "how": how,
+                "chunk_rows": p["chunk_rows"], "tmp": str(ctx.data)})
+    load: dict[str, dict] = {}
+    for f in factors:
+        data = ctx.data / f"growth_load_{ctx.size}_{f}x"
+        datagen.train_only_shards(data, samples=p["growth_samples"] * f, dim=1024, samples_per_shard=512)
+        load[str(f)] = ctx.probe("load", {"data": str(data), "epochs": 2})
+    big = srcs[16]
+    limited = {how: ctx.probe("preprocess", {
+        "source": str(big), "dim": 256, "samples_per_shard": 4096, "how": how, "chunk_rows": p["chunk_rows"],
+        "tmp": str(ctx.data), "data_limit_mb": p["limit_mb"]}) for how in ("platform", "chunked")}
+
+    def summary(series: dict[str, dict], key: str = "seconds") -> dict:
+        sizes = [float(f) for f in factors]
+        times = [series[str(f)][key] for f in factors]
+        return {"seconds": dict(zip(map(str, factors), times)), "exponent": fit_exponent(sizes, times),
+                "peak_anon_mb": {str(f): series[str(f)]["peak_anon_bytes"] / 2**20 for f in factors},
+                "peak_rss_mb": {str(f): series[str(f)]["peak_rss_bytes"] / 2**20 for f in factors},
+                "anon_growth_16x_vs_1x": series["16"]["peak_anon_bytes"] / series["1"]["peak_anon_bytes"]}
+    return {"factors": factors, "preprocess_rows_1x": p["growth_rows"], "load_samples_1x": p["growth_samples"],
+            "preprocess": {k: summary(v) for k, v in pre.items()}, "load": summary(load),
+            "memory_limit": {"source_bytes": big.stat().st_size, "limit_mb_above_imports": p["limit_mb"],
+                             "platform": limited["platform"], "chunked": limited["chunked"]},
+            "raw": {"preprocess": pre, "load": load}}
+
+
+RUNNERS = {"loaders": bench_loaders, "stall": bench_stall, "preprocess": bench_preprocess,
+           "checkpoint": bench_checkpoint, "scaling": bench_scaling, "overhead": bench_overhead,
+           "growth": bench_growth}
+
+
+# ---------------------------------------------------------------- report
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _met(ok: bool | None) -> str:
+    return "—" if ok is None else ("met" if ok else "**missed**")
+
+
+def table(results: dict) -> str:
+    b = results["benchmarks"]
+    rows = []
+
+    def add(figure: str, measured: str, side: str, target: str, ok: bool | None) -> None:
+        rows.append(f"| {figure} | {measured} | {side} | {target} | {_met(ok)} |")
+
+    if "loaders" in b and "error" not in b["loaders"]:
+        for label, e in b["loaders"]["sizes"].items():
+            vs = e.get("vs_memory_read_limit", {})
+            med = e.get("median_samples_per_s", {})
+            side = "; ".join([f"{k} {_f(med.get(k), '{:,.0f}')}/s ({_f(vs.get(k))}×)"
+                              for k in ["memmap", "ours", "ours_proposed", *PEERS]
+                              if k in med] + [f"{k}: not measured ({v[:120]})" for k, v in e["errors"].items()])
+            ours = vs.get("ours")
+            add(f"1. loader throughput, {label} samples ({e['train_bytes'] / 2**20:.0f} MB)",
+                f"ours {_f(ours)}× memory-read limit" + (f"; {_f(e['ours_vs_best_peer'], '{:.1f}')}× best peer "
+                                                        f"({e['best_peer']})" if "ours_vs_best_peer" in e else ""),
+                side, "≥ 0.5× limit" + ("; ≥ 10× best peer" if label == "4KB" else ""),
+                None if ours is None else ours >= 0.5 and (label != "4KB" or e.get("ours_vs_best_peer", 99) >= 10))
+    if "stall" in b and "error" not in b["stall"]:
+        s = b["stall"]
+        add("2. data stall (4 KB, batch 256)", f"{s['stall_share'] * 100:.2f} % of step time",
+            f"compute step {s['compute_step_s'] * 1000:.1f} ms; {s['loader']}", "≤ 2 %", s["stall_share"] <= 0.02)
+    if "preprocess" in b and "error" not in b["preprocess"]:
+        s = b["preprocess"]
+        m = s["median_mb_per_s"]
+        add(f"3. preprocessing, CSV → shards ({s['source_bytes'] / 2**20:.0f} MB CSV)",
+            f"platform {_f(s['platform_vs_pyarrow'])}× pyarrow+numpy",
+            f"platform {_f(m['platform'])} MB/s; pyarrow+numpy {_f(m['pyarrow'])} MB/s; proposed chunked "
+            f"{_f(m['chunked'])} MB/s ({_f(s['chunked_vs_pyarrow'])}×, same shards: {s['same_shards']})",
+            "≥ 0.5×", s["platform_vs_pyarrow"] >= 0.5)
+    if "checkpoint" in b and "error" not in b["checkpoint"]:
+        s = b["checkpoint"]
+        t = s["median_s"]
+        add(f"4a. checkpoint, sync save ({s['state_bytes'] / 2**20:.0f} MB state)",
+            f"{_f(s['sync_vs_torch_save'])}× torch.save speed",
+            f"torch.save {t['torch_save']:.3f} s; runtime write_checkpoint {t['sync']:.3f} s; proposed "
+            f"streaming write {t['sync_proposed']:.3f} s ({_f(s['sync_proposed_vs_torch_save'])}×)", "≥ 0.8×",
+            s["sync_vs_torch_save"] >= 0.8)
+        add("4b. checkpoint, async training stall", f"{_f(s['async_stall_vs_sync'], '{:.3f}')}× sync stall",
+            f"async {t['async_stall']:.3f} s; sync {t['sync_stall']:.3f} s; proposed staged async "
+            f"{t['async_proposed_stall']:.3f} s ({_f(s['async_proposed_stall_vs_sync'], '{:.3f}')}×)", "≤ 0.1×",
+            s["async_stall_vs_sync"] <= 0.1)
+    if "scaling" in b and "error" not in b["scaling"]:
+        s = b["scaling"]
+        m = s["median_samples_per_s"]
+        add("5. scaling, 2 gloo ranks vs 1 (MLP 256→1024→1024→10, 256/rank, 1 thread/rank)",
+            f"efficiency {_f(s['efficiency'])}", f"1 rank {_f(m['1'], '{:,.0f}')}/s; 2 ranks {_f(m['2'], '{:,.0f}')}/s",
+            "≥ 0.85", s["efficiency"] >= 0.85)
+    if "overhead" in b and "error" not in b["overhead"]:
+        s = b["overhead"]
+        add(f"6. platform overhead ({s['epochs']} epochs, {s['source_bytes'] / 2**20:.0f} MB CSV)",
+            f"{_f(s['platform_vs_plain'])}× plain script",
+            f"pipeline {s['platform']['wall_s']:.1f} s; plain {s['plain']['wall_s']:.1f} s (its training "
+            f"{s['plain']['train_s']:.1f} s)", "≤ 1.15×", s["platform_vs_plain"] <= 1.15)
+        add("6b. run launch → first training step", f"{_f(s['launch_to_first_step_s'], '{:.1f}')} s",
+            f"from job execution start {_f(s['execute_to_first_step_s'], '{:.1f}')} s; "
+            f"step times {', '.join(f'{k.split(chr(46))[-1]} {v:.1f} s' for k, v in s['platform']['step_seconds'].items())}",
+            "(reported)", None)
+    if "growth" in b and "error" not in b["growth"]:
+        s = b["growth"]
+        for name, g in (("preprocessing (platform)", s["preprocess"]["platform"]),
+                        ("preprocessing (proposed chunked)", s["preprocess"]["chunked"]),
+                        ("loading (runtime loader)", s["load"])):
+            add(f"7. growth, {name}, 1×/4×/16×", f"time ∝ size^{g['exponent']:.2f}; peak anon memory "
+                f"{g['anon_growth_16x_vs_1x']:.1f}× from 1× to 16×",
+                "s: " + "/".join(f"{v:.2f}" for v in g["seconds"].values()) + "; anon MB: " +
+                "/".join(f"{v:.0f}" for v in g["peak_anon_mb"].values()),
+                "exponent ≤ ~1.1; memory flat", g["exponent"] <= 1.1 and g["anon_growth_16x_vs_1x"] <= 1.5)
+        lim = s["memory_limit"]
+        for how in ("platform", "chunked"):
+            r = lim[how]
+            add(f"7b. {lim['source_bytes'] / 2**20:.0f} MB CSV under a {lim['limit_mb_above_imports']} MB "
+                f"data limit ({how})", "completed" if r["ok"] else f"failed: {r.get('error', '')[:80]}",
+                f"{r['seconds']:.1f} s; peak anon {r['peak_anon_bytes'] / 2**20:.0f} MB", "completes", r["ok"])
+    for name, r in b.items():
+        if "error" in r:
+            add(name, "not measured", r["error"][-200:].replace("|", "/").replace("\n", " "), "—", None)
+    head = ["| figure | measured (ratio) | side by side (medians) | target | |", "| --- | --- | --- | --- | --- |"]
+    m = results["machine"]
+    meta = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}, "
+            f"Linux {m['kernel']}. Date: {results['date']}. Command: `{results['command']}` "
+            f"(size {results['size']}, {results['wall_s'] / 60:.1f} min). Load average (1/5/15 min) before "
+            f"{results['load_before']}, after {results['load_after']}: the cores were shared with other "
+            "work, so absolute figures are noisy; each ratio compares runs made side by side in this run."]
+    return "\n".join(meta + [""] + head + rows)
+
+
+def write_report(results: dict, out: Path) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    md = out / "BENCHMARKS.md" if out != BENCH else REPO / "BENCHMARKS.md"
+    block = f"{MARK_BEGIN}\n{table(results)}\n{MARK_END}"
+    if md.exists() and MARK_BEGIN in md.read_text():
+        text = md.read_text()
+        pre, rest = text.split(MARK_BEGIN, 1)
+        text = pre + block + rest.split(MARK_END, 1)[1]
+    else:
+        text = f"# Benchmarks\n\n{block}\n"
+    md.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    ap.add_argument("--size", choices=sorted(SIZES), default="full")
+    ap.add_argument("--only", choices=BENCHMARKS, action="append",
+                    help="run only this benchmark (repeatable); other entries of results.json are kept")
+    ap.add_argument("--no-peers", action="store_true", help="skip the peers' venv and the peer loaders")
+    ap.add_argument("--out", type=Path, default=BENCH,
+                    help="where results.json goes (default benchmarks/; BENCHMARKS.md then goes to the repo root)")
+    ap.add_argument("--data-dir", type=Path, default=DATA, help="generated data (default benchmarks/data)")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.data_dir.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(a.size, a.data_dir.resolve(), peers=not a.no_peers)
+    names = a.only or list(BENCHMARKS)
+    prev = a.out / "results.json"
+    results = json.loads(prev.read_text()) if a.only and prev.exists() else {"benchmarks": {}}
+    t0 = time.perf_counter()
+    results.update(machine=machine(), date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                   command=" ".join(["python -m benchmarks.run", *sys.argv[1:]]) if argv is None else
+                   " ".join(["python -m benchmarks.run", *argv]), size=a.size, load_before=load_average())
+    if "loaders" in names:
+        ensure_peers(ctx)
+    for name in names:
+        t = time.perf_counter()
+        print(f"[bench] {name} ...", flush=True)
+        try:
+            results["benchmarks"][name] = {**RUNNERS[name](ctx), "bench_wall_s": time.perf_counter() - t}
+        except Exception as e:  # recorded as not measured, with the reason; the other figures go on
+            traceback.print_exc()
+            results["benchmarks"][name] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"[bench] {name} done in {time.perf_counter() - t:.0f} s", flush=True)
+        results.update(load_after=load_average(), wall_s=time.perf_counter() - t0)
+        write_report(results, a.out)
+    print(table(results))
+    return 0 if all("error" not in results["benchmarks"][n] for n in names) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
