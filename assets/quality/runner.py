@@ -58,7 +58,8 @@ class QualityReport:
 
     @property
     def failures(self) -> list[str]:
-        return [o.summary() for o in self.outcomes if not o.success] + list(self.extra_failures)
+        # Rules outside GE first: they say in plain words what the expectations found.
+        return list(self.extra_failures) + [o.summary() for o in self.outcomes if not o.success]
 
     def with_failure(self, message: str | None) -> "QualityReport":
         return self if not message else QualityReport(self.asset, self.outcomes, [*self.extra_failures, message])

@@ -23,6 +23,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.pipeline import asset_keys
 from assets.spec import PipelineDefinitionError, PipelineSpec, QualitySuite, model_pipeline
 
 DEFS_MODULE = "pipelines.defs"
@@ -77,9 +78,18 @@ class ModelPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from pipelines.definitions import pipeline_definitions
         from pipelines.models import PIPELINES
+        from pipelines.profiles import Profile
 
         spec = self.to_spec()
-        return pipeline_definitions([spec], owners=[p for p in PIPELINES if p.name == spec.dataset])
+        profile = Profile.from_environment()
+        # Loaded on its own, a shared-dataset pipeline sees its owner's data as upstream assets
+        # produced elsewhere (the owner's own definitions materialize them).
+        upstream = [dg.AssetSpec(k, description=f"Produced by the {spec.dataset} pipeline.")
+                    for k in (asset_keys(spec.dataset).values() if spec.dataset else ())
+                    if k.path[-1] in ("raw_dataset", "shards")]
+        return dg.Definitions.merge(
+            pipeline_definitions([spec], owners=[p for p in PIPELINES if p.name == spec.dataset]),
+            dg.Definitions(assets=upstream, resources=profile.resources(), executor=profile.executor()))
 
 
 def load_component_tree(defs_module: str = DEFS_MODULE, project_root: Path = REPO_ROOT) -> dg.ComponentTree:

@@ -41,8 +41,8 @@ class Platform:
 @pytest.fixture
 def platform(tmp_path):
     p = Platform(tmp_path)
-    yield p
-    p.instance.dispose()
+    with p.instance:  # disposes it, and resets the instance Dagster keeps as the current one
+        yield p
 
 
 def failure_messages(result: dg.ExecuteInProcessResult) -> str:

@@ -39,3 +39,65 @@ def test_valid_spec_shape_defaults_to_feature_count():
 
 def test_model_import_path_is_accepted_and_resolved_by_the_runtime():
     assert _spec(model="pkg.module:factory").model == "pkg.module:factory"
+
+
+# --- shared datasets, suites, triggers, the model_pipeline API and YAML components ------------------
+
+from assets.spec import QualitySuite, Triggers, model_pipeline, resolve_shared  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"expectations": QualitySuite()}, "expectations"),
+        ({"expectations": QualitySuite(raw=lambda s: {})}, "expectations"),
+        ({"triggers": Triggers(cron="every monday")}, "triggers.cron"),
+        ({"team": "Team A"}, "team"),
+    ],
+)
+def test_more_invalid_definitions_name_pipeline_and_field(kw, field):
+    with pytest.raises(PipelineDefinitionError, match=rf"pipeline 'toy', field '{field}'"):
+        _spec(**kw)
+
+
+def test_shared_dataset_takes_its_columns_from_the_owner():
+    owner = _spec()
+    cnn = model_pipeline("toy_cnn", dataset="toy", model="cnn", recipe={"epochs": 2})
+    resolved = dict((s.name, s) for s in resolve_shared([owner, cnn]))["toy_cnn"]
+    assert resolved.feature_columns == ("a", "b") and resolved.class_names == ("0", "1")
+    assert resolved.dataset_name == "toy" and resolved.recipe.epochs == 2
+
+
+@pytest.mark.parametrize(
+    "specs, pipeline, field",
+    [
+        (lambda: [_spec(), _spec()], "toy", "name"),
+        (lambda: [_spec(), model_pipeline("other", dataset="nope")], "other", "dataset"),
+        (lambda: [model_pipeline("a", dataset="b"), model_pipeline("b", dataset="a")], "a", "dataset"),
+    ],
+)
+def test_invalid_sharing_fails_when_definitions_load(specs, pipeline, field):
+    with pytest.raises(PipelineDefinitionError, match=rf"pipeline '{pipeline}', field '{field}'"):
+        resolve_shared(specs())
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"dataset": "toy", "features": ["a"]}, "feature_columns"),
+        ({"dataset": "other", "source": "x.csv"}, "source"),
+        ({"source": "x.csv", "features": ["a"], "label": "y", "classes": [0, 1], "recipe": {"epoch": 3}}, "recipe"),
+        ({"source": "x.csv", "features": ["a"], "label": "y", "classes": [0, 1], "model": "resnet9000"}, "model"),
+    ],
+)
+def test_model_pipeline_refuses_bad_declarations(kw, field):
+    with pytest.raises(PipelineDefinitionError, match=rf"pipeline 'api', field '{field}'"):
+        model_pipeline("api", **kw)
+
+
+def test_yaml_declaration_with_an_unknown_model_names_pipeline_and_field():
+    from pipelines.components import ModelPipelineComponent
+
+    component = ModelPipelineComponent(name="yaml_cnn", dataset="digits", model_name="resnet9000")
+    with pytest.raises(PipelineDefinitionError, match=r"pipeline 'yaml_cnn', field 'model'"):
+        component.to_spec()

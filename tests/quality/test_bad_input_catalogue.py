@@ -19,10 +19,24 @@ from assets.pipeline import RAW_CHECK, SHARDS_CHECK
 from assets.quality import standard_raw_expectations, standard_shard_expectations
 from assets.registry import list_versions
 from assets.spec import QualitySuite, Source
-from pipelines.models.digits import PIXELS, SOURCE_FILE, digits_frame, digits_pipeline
-from tests.pipeline.conftest import failure_messages
+from pipelines.models import digits as digits_module
+from pipelines.models.digits import PIXELS, SOURCE_FILE, digits_pipeline
+from tests.pipeline.conftest import Platform, failure_messages
 
 PARQUET = "digits/digits.parquet"
+_DIGITS = digits_module.digits_frame()
+
+
+def digits_frame():
+    return _DIGITS.copy()
+
+
+@pytest.fixture(scope="module")
+def shared_platform(tmp_path_factory):
+    """One instance and store for the catalogue: every case must leave main as it found it anyway."""
+    p = Platform(tmp_path_factory.mktemp("catalogue"))
+    with p.instance:
+        yield p
 
 
 def _csv(mutate):
@@ -62,7 +76,7 @@ def _starve_class(frame):
 def _huge_field(path):
     frame = digits_frame()
     frame[PIXELS[3]] = frame[PIXELS[3]].astype(object)
-    frame.loc[0, PIXELS[3]] = "x" * 5_000_000
+    frame.loc[0, PIXELS[3]] = "x" * 1_000_000
     frame.to_csv(path, index=False)
 
 
@@ -96,7 +110,7 @@ CASES = [
     ("truncated_file", _text_edit(lambda b: b[: len(b) // 2 + 7]), SOURCE_FILE,
      "expect_column_values_to_not_be_null", RAW_CHECK),
     ("huge_single_field", _huge_field, SOURCE_FILE, "non-numeric", RAW_CHECK),
-    ("mixed_types_in_column", _set(slice(0, 40), PIXELS[12], "n/a"), SOURCE_FILE,
+    ("mixed_types_in_column", _set(slice(0, 40), PIXELS[12], "12px"), SOURCE_FILE,
      "expect_column_values_to_be_in_type_list(value) in pixel_12", RAW_CHECK),
     ("class_starved", _csv(_starve_class), SOURCE_FILE, "share", RAW_CHECK),
     ("zero_byte_parquet", _bytes(b""), PARQUET, "is empty (0 bytes)", None),
@@ -105,12 +119,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("case, write, source, message, failed_check", CASES, ids=[c[0] for c in CASES])
-def test_malformed_source_fails_before_training_and_leaves_main_alone(platform, case, write, source, message,
+def test_malformed_source_fails_before_training_and_leaves_main_alone(shared_platform, case, write, source, message,
                                                                       failed_check):
+    platform = shared_platform
     spec = dataclasses.replace(digits_pipeline, source=Source(paths=(source,)))
-    path = platform.sources / source
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write(path)
+    _write_source(platform, source, write)
     store = platform.store()
     store.ensure_repository()
     main_before = store.resolve_ref("main")
@@ -126,13 +139,12 @@ def test_malformed_source_fails_before_training_and_leaves_main_alone(platform, 
         _assert_failed_check_recorded(result, store, failed_check)
 
 
-def test_extra_columns_are_allowed_and_not_stored_by_default(platform):
+def test_extra_columns_are_allowed_and_not_stored_by_default(shared_platform):
+    platform = shared_platform
     """Extra source columns pass the gate and are dropped: only declared columns are stored."""
-    path = platform.sources / SOURCE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     frame = digits_frame()
     frame["scanner"] = "s1"
-    frame.to_csv(path, index=False)
+    _write_source(platform, SOURCE_FILE, lambda path: frame.to_csv(path, index=False))
     result = platform.run_assets(digits_pipeline, ["raw_dataset"])
     assert result.success, failure_messages(result)
     (check,) = result.get_asset_check_evaluations()
@@ -143,15 +155,14 @@ def test_extra_columns_are_allowed_and_not_stored_by_default(platform):
     assert "scanner" not in stored.columns and len(stored) == len(frame)
 
 
-def test_extra_columns_are_refused_when_the_suite_says_so(platform):
+def test_extra_columns_are_refused_when_the_suite_says_so(shared_platform):
+    platform = shared_platform
     spec = dataclasses.replace(digits_pipeline, expectations=QualitySuite(
         raw=lambda s: standard_raw_expectations(s, allow_extra_columns=False),
         shards=standard_shard_expectations))
-    path = platform.sources / SOURCE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     frame = digits_frame()
     frame["scanner"] = "s1"
-    frame.to_csv(path, index=False)
+    _write_source(platform, SOURCE_FILE, lambda path: frame.to_csv(path, index=False))
     store = platform.store()
     store.ensure_repository()
     main_before = store.resolve_ref("main")
@@ -162,14 +173,13 @@ def test_extra_columns_are_refused_when_the_suite_says_so(platform):
     _assert_failed_check_recorded(result, store, RAW_CHECK)
 
 
-def test_shard_gate_catches_what_a_lax_raw_suite_lets_through(platform):
+def test_shard_gate_catches_what_a_lax_raw_suite_lets_through(shared_platform):
+    platform = shared_platform
     """1e39 is a finite float64 (the raw suite here has no range) but overflows float32 in the shards."""
     lax = QualitySuite(raw=lambda s: {"rows": standard_raw_expectations(s)["rows"][:2]},
                        shards=standard_shard_expectations)
     spec = dataclasses.replace(digits_pipeline, expectations=lax)
-    path = platform.sources / SOURCE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _set(5, PIXELS[40], 1e39)(path)
+    _write_source(platform, SOURCE_FILE, _set(5, PIXELS[40], 1e39))
     store = platform.store()
     store.ensure_repository()
     main_before = store.resolve_ref("main")
@@ -178,6 +188,14 @@ def test_shard_gate_catches_what_a_lax_raw_suite_lets_through(platform):
     assert "digits/shards failed" in failure_messages(result)
     _assert_main_untouched(store, main_before)
     _assert_failed_check_recorded(result, store, SHARDS_CHECK)
+
+
+def _write_source(platform, source: str, write) -> None:
+    path = platform.sources / source
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.iterdir():
+        old.unlink()
+    write(path)
 
 
 def _assert_main_untouched(store, main_before):
