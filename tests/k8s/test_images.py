@@ -1,0 +1,74 @@
+"""The Dockerfiles cannot be built here (no Docker engine); these checks keep them honest: the
+training image installs every third-party module training_runtime imports and not Dagster,
+takes its CUDA base as a build argument, and both images run as the non-root user the pod
+security contexts expect."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+from resources.k8s.manifests import PodSettings
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = REPO / "helm" / "images"
+# Import name -> PyPI name where they differ.
+PYPI_NAME = {"pynvml": "nvidia-ml-py", "dagster_pipes": "dagster-pipes"}
+
+
+def runtime_third_party_imports() -> set[str]:
+    names: set[str] = set()
+    for path in (REPO / "training_runtime").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n not in ("training_runtime", "__future__")}
+
+
+def pip_requirements(dockerfile: str) -> set[str]:
+    """Package names in the Dockerfile's `pip install` lines."""
+    text = dockerfile.replace("\\\n", " ")
+    found: set[str] = set()
+    for line in text.splitlines():
+        for segment in re.findall(r"pip install ([^&]*)", line):
+            for token in segment.split():
+                token = token.strip("\"'")
+                if token.startswith("-") or token.startswith("$") or "://" in token:
+                    continue
+                name = re.split(r"[=<>!~\[]", token)[0].lower()
+                if name:
+                    found.add(name)
+    return found
+
+
+def test_training_image_installs_exactly_the_runtime_dependencies():
+    dockerfile = (IMAGES / "training.Dockerfile").read_text()
+    wanted = {PYPI_NAME.get(m, m).lower() for m in runtime_third_party_imports()}
+    installed = pip_requirements(dockerfile)
+    assert wanted <= installed, f"missing from the training image: {sorted(wanted - installed)}"
+    assert "dagster" not in installed  # dagster-pipes only: the runtime never imports dagster
+    assert installed <= wanted | {"torch", "numpy", "boto3", "psutil", "nvidia-ml-py", "dagster-pipes"}
+
+
+def test_training_image_takes_its_cuda_base_as_a_build_argument():
+    lines = [l for l in (IMAGES / "training.Dockerfile").read_text().splitlines() if l and not l.startswith("#")]
+    assert lines[0].startswith("ARG CUDA_BASE=nvidia/cuda:")
+    assert lines[1] == "FROM ${CUDA_BASE}"
+
+
+def test_images_run_as_the_pods_non_root_user():
+    uid = PodSettings(namespace="n", image="i").run_as_user
+    for name in ("training.Dockerfile", "code-location.Dockerfile"):
+        users = re.findall(r"^USER (\S+)", (IMAGES / name).read_text(), flags=re.M)
+        assert users and users[-1] == f"{uid}:{uid}", name
+
+
+def test_code_location_image_serves_the_definitions_module():
+    text = (IMAGES / "code-location.Dockerfile").read_text()
+    assert '"-m", "pipelines.definitions"' in text
+    assert (REPO / "pipelines" / "definitions.py").exists()
+    assert "-c constraints.txt" in text
