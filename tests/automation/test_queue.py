@@ -96,7 +96,7 @@ def test_gpu_units_weigh_a_training_by_its_gpu_count(queued_instance):
     run_a, run_b, run_c = "a" * 36, "b" * 36, "c" * 36
 
     with gpu_units(instance, run_a, "big/checkpoint", 3):
-        assert storage.get_concurrency_info(GPU_POOL).claimed_slots.__len__() == 3
+        assert len(storage.get_concurrency_info(GPU_POOL).claimed_slots) == 3
         # 2 more do not fit in 4: all or nothing, so nothing is held while waiting.
         assert not _claim_all(storage, GPU_POOL, run_b, ["two/checkpoint[gpu0]", "two/checkpoint[gpu1]"])
         assert len(storage.get_concurrency_info(GPU_POOL).claimed_slots) == 3
