@@ -47,6 +47,8 @@ def stall(a: dict) -> dict:
 
     from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
 
+    if a.get("proposed"):
+        from benchmarks.proposed.data import SplitDataOneCopy as SplitData  # noqa: F811
     torch.set_num_threads(1)
     data = Path(a["data"])
     man = json.loads((data / "shards" / "manifest.json").read_text())

@@ -61,8 +61,8 @@ def validated_arrays(spec: PipelineSpec, chunk: pd.DataFrame) -> tuple[np.ndarra
 
 
 def iter_source_chunks(spec: PipelineSpec, files: list[Path], chunk_rows: int) -> Iterator[tuple]:
-    """Validated chunks ``(features, label texts, ids)`` of the source files (CSV through pyarrow's
-    streaming reader, Parquet by row batches), in file order."""
+    """Validated chunks ``(features, label texts, ids)`` of the source files (CSV through pandas'
+    chunked C reader with the pipeline's csv_options, Parquet by row batches), in file order."""
     for path in files:
         if path.stat().st_size == 0:
             raise SourceError(f"source file {path.name!r} is empty (0 bytes)")
@@ -73,9 +73,7 @@ def iter_source_chunks(spec: PipelineSpec, files: list[Path], chunk_rows: int) -
 
                 chunks: Iterable[pd.DataFrame] = (
                     b.to_pandas() for b in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows))
-            elif suffix in (".csv", ".txt") and not spec.source.csv_options:
-                chunks = _arrow_csv_chunks(path, chunk_rows)
-            elif suffix in (".csv", ".txt"):  # pandas options (sep, decimal, ...): pandas' chunked reader
+            elif suffix in (".csv", ".txt"):
                 chunks = pd.read_csv(path, chunksize=chunk_rows, **spec.source.csv_options)
             else:
                 raise SourceError(f"source file {path.name!r}: unsupported type {suffix!r}; use .csv or .parquet")
@@ -83,24 +81,6 @@ def iter_source_chunks(spec: PipelineSpec, files: list[Path], chunk_rows: int) -
                 yield validated_arrays(spec, chunk)
         except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
             raise SourceError(f"source file {path.name!r} cannot be parsed: {type(exc).__name__}: {exc}") from exc
-
-
-def _arrow_csv_chunks(path: Path, chunk_rows: int) -> Iterator[pd.DataFrame]:
-    """pyarrow's streaming CSV reader (parses blocks in parallel, holds one block at a time);
-    blocks are sized from the first line so a block holds about ``chunk_rows`` rows."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    with open(path, "rb") as f:
-        f.readline()
-        line = len(f.readline()) or 1
-    block = max(1 << 16, min(1 << 28, line * chunk_rows))
-    try:
-        reader = pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=block))
-        for batch in reader:
-            yield batch.to_pandas()
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise SourceError(f"source file {path.name!r} cannot be parsed: {exc}") from exc
 
 
 def _sequential_sum(acc: np.ndarray, rows: np.ndarray) -> np.ndarray:
