@@ -131,3 +131,17 @@ def test_entry_point_rejects_config_before_training(problem, tmp_path, monkeypat
         main(["--config", str(path)])
     assert message in str(e.value)
     assert not (root / "entry").exists()
+
+
+def test_resume_from_an_async_checkpoint_reproduces_the_run(problem, world_of_one):
+    import shutil
+
+    cfg, m1, w1 = _run(problem, world_of_one, "async_resume", max_steps=6, num_workers=2,
+                       checkpoint={"async_save": True})
+    shutil.rmtree(f"{cfg.checkpoint.dir}/step_000000006")  # as if the last write never finished
+    m2 = Trainer(cfg, world_of_one).run()
+    assert m2["resumed_from_step"] == 4 and m2["steps_this_attempt"] == 2
+    assert m2["final_loss"] == m1["final_loss"]
+    w2 = torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
+    for k in w1:
+        assert torch.equal(w1[k], w2[k]), k
