@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from assets.registry import lineage_path, next_version, version_prefix, version_tag
+from assets.registry import lineage_path, list_versions, next_version, version_prefix, version_tag
 from resources.store.base import MAIN, MergeConflictError, StoreError, VersionedStore
 
 
@@ -31,6 +31,7 @@ def register_version(
     N+1. A conflict on any other path (two runs changed the same data) is a real conflict and
     fails with the paths.
     """
+    repair_untagged_versions(store, model)
     base_commit = store.resolve_ref(branch)
     for attempt in range(1, attempts + 1):
         version = next_version(store, model)
@@ -55,3 +56,23 @@ def register_version(
         f"could not register a version of {model!r}: {attempts} attempts lost the race for a version number; "
         "retry the run"
     )
+
+
+def repair_untagged_versions(store: VersionedStore, model: str) -> list[str]:
+    """Tag versions that reached ``main`` but lost their tag (the store failed between the merge
+    and the tag). Main already holds their complete files; the tag goes on the merge commit
+    that published them, found by its ``model_version`` metadata."""
+    tagged = set(list_versions(store, model))
+    on_main = {int(o.path.split("/")[3][1:]) for o in store.list_objects(MAIN, prefix=f"models/{model}/versions/")
+               if o.path.endswith("/lineage.json")}
+    repaired = []
+    for version in sorted(on_main - tagged):
+        publishing = next((c for c in store.log(MAIN, limit=1000) if c.metadata.get("model_version") == str(version)
+                           and c.message.startswith(f"Publish {model} v{version}")), None)
+        if publishing is None:
+            raise StoreError(f"{model} v{version} is on main without a tag or the commit that published it; "
+                             "inspect the store's main branch")
+        tag = version_tag(model, version)
+        store.create_tag(tag, publishing.id)
+        repaired.append(tag)
+    return repaired

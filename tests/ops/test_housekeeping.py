@@ -41,3 +41,4 @@ def test_branch_holding_a_lineage_commit_is_kept(tmp_path):
     s.create_tag(version_tag("m", 1), tagged)
     later = s.get_commit("run-gone").creation_date + 10 * 3600
     assert stale_run_branches(s, older_than_s=3600, now=later) == ["run-gone"]
+

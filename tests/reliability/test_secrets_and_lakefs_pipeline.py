@@ -4,18 +4,14 @@ values that must never appear in logs, metadata, lineage records, commit metadat
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import secrets
 
-import dagster as dg
 import pytest
 
 from assets.lineage import commit_ids
-from assets.pipeline import build_pipeline_assets
 from assets.registry import read_lineage
-from pipelines.models.digits import digits_pipeline, write_digits_source
-from resources.platform import ArtifactStoreResource, PlatformSettings, TrainingLauncherResource, VersionedStoreResource
+from tests.reliability.platforms import definitions, lakefs_store_resource, run_train
 from tests.support.lakefs_server import LakeFSTestServer
 
 pytestmark = pytest.mark.slow
@@ -28,31 +24,10 @@ def test_lakefs_pipeline_publishes_and_never_leaks_secrets(tmp_path, monkeypatch
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key_id)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        root = tmp_path / "platform"
-        write_digits_source(root / "sources")
-        spec = dataclasses.replace(digits_pipeline, recipe=dataclasses.replace(digits_pipeline.recipe, epochs=3))
-        store_resource = VersionedStoreResource(
-            kind="lakefs", repository="platform-test", lakefs_endpoint=server.endpoint,
-            lakefs_access_key_id=server.access_key_id, lakefs_secret_access_key=secret,
-            lakefs_storage_namespace="local://platform-test")
-        defs = dg.Definitions(
-            assets=build_pipeline_assets(spec),
-            jobs=[dg.define_asset_job("train", selection=dg.AssetSelection.groups("digits"))],
-            resources={
-                "platform": PlatformSettings(data_root=str(root)),
-                "store": store_resource,
-                "artifacts": ArtifactStoreResource(kind="local", local_root=str(root / "artifacts")),
-                "launcher": TrainingLauncherResource(kind="local", work_root=str(root / "launches")),
-            },
-            executor=dg.in_process_executor,
-        )
-        (tmp_path / "home").mkdir()
-        with dg.DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
-            result = defs.resolve_job_def("train").execute_in_process(instance=instance, raise_on_error=False)
-            events = [e.to_json() if hasattr(e, "to_json") else str(e)
-                      for e in instance.all_logs(result.run_id)]
+        store_resource = lakefs_store_resource(server, secret)
+        defs = definitions(tmp_path / "platform", store_resource)
+        result, errors, events = run_train(defs, tmp_path / "home")
         store = store_resource.get()
-        errors = "\n".join(e.event_specific_data.error.message for e in result.all_events if e.is_step_failure)
         assert result.success, errors
         record = read_lineage(store, "digits")
         for name, cid in commit_ids(record).items():

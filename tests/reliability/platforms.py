@@ -1,0 +1,69 @@
+"""Definitions of the digits pipeline on chosen backends, for the reliability tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import dagster as dg
+
+from assets.pipeline import build_pipeline_assets
+from pipelines.models.digits import digits_pipeline, write_digits_source
+from resources.platform import ArtifactStoreResource, PlatformSettings, TrainingLauncherResource, VersionedStoreResource
+
+
+def small_digits(epochs: int = 3):
+    return dataclasses.replace(digits_pipeline, recipe=dataclasses.replace(digits_pipeline.recipe, epochs=epochs))
+
+
+def lakefs_store_resource(server, secret: str, repository: str = "platform-test") -> VersionedStoreResource:
+    return VersionedStoreResource(
+        kind="lakefs", repository=repository, lakefs_endpoint=server.endpoint,
+        lakefs_access_key_id=server.access_key_id, lakefs_secret_access_key=secret,
+        lakefs_storage_namespace=f"local://{repository}")
+
+
+def definitions(root: Path, store: VersionedStoreResource, artifacts: ArtifactStoreResource | None = None,
+                spec=None) -> dg.Definitions:
+    spec = spec or small_digits()
+    write_digits_source(root / "sources")
+    return dg.Definitions(
+        assets=build_pipeline_assets(spec),
+        jobs=[dg.define_asset_job("train", selection=dg.AssetSelection.groups(spec.name))],
+        resources={
+            "platform": PlatformSettings(data_root=str(root)),
+            "store": store,
+            "artifacts": artifacts or ArtifactStoreResource(kind="local", local_root=str(root / "artifacts")),
+            "launcher": TrainingLauncherResource(kind="local", work_root=str(root / "launches")),
+        },
+        executor=dg.in_process_executor,
+    )
+
+
+def run_train(defs: dg.Definitions, home: Path):
+    home.mkdir(parents=True, exist_ok=True)
+    with dg.DagsterInstance.local_temp(str(home)) as instance:
+        result = defs.resolve_job_def("train").execute_in_process(instance=instance, raise_on_error=False)
+        events = [str(e) for e in instance.all_logs(result.run_id)]
+    errors = "\n".join(_chain(e.event_specific_data.error) for e in result.all_events if e.is_step_failure)
+    return result, errors, events
+
+
+def _chain(error) -> str:
+    """A step failure's message with its causes (a retried step's own message is only
+    "Exceeded max_retries")."""
+    parts = []
+    while error is not None:
+        parts.append(error.message.strip())
+        error = error.cause
+    return " <- ".join(parts)
+
+
+def published_whole_or_untouched(store, main_before: str, model: str = "digits") -> bool:
+    """Main is where it was, or holds complete versions (record and weights) only."""
+    if store.resolve_ref("main") == main_before:
+        return True
+    paths = {o.path for o in store.list_objects("main", prefix=f"models/{model}/versions/")}
+    versions = {p.split("/")[3] for p in paths}
+    return all({f"models/{model}/versions/{v}/lineage.json", f"models/{model}/versions/{v}/weights.pt"} <= paths
+               for v in versions) and bool(versions)
