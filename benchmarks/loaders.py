@@ -52,13 +52,13 @@ def warm_page_cache(root: Path) -> None:
 
 
 # ---------------------------------------------------------------- loaders (epoch -> batches)
-def ours(data: Path, workers: int, seed: int, proposed: bool = False):
+def ours(data: Path, workers: int, seed: int, before: bool = False):
     import torch
 
     from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
 
-    if proposed:
-        from benchmarks.proposed.data import SplitDataOneCopy as SplitData  # noqa: F811
+    if before:
+        from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811
 
     man = _manifest(data)
     paths = [p for p, _ in _train_files(data)]
@@ -66,8 +66,11 @@ def ours(data: Path, workers: int, seed: int, proposed: bool = False):
 
     def epoch(e: int):
         idx = epoch_indices(split.num_samples, 1, 0, e, seed)
-        for b in PrefetchLoader(split, idx, BATCH, 0, torch.device("cpu"), num_workers=workers,
-                                prefetch_batches=4):
+        loader = PrefetchLoader(split, idx, BATCH, 0, torch.device("cpu"), num_workers=workers,
+                                prefetch_batches=4)
+        if before:  # before 363bf0b batches kept sampler order
+            loader.batches = [idx[i:i + BATCH] for i in range(0, len(idx), BATCH)]
+        for b in loader:
             yield b.x, b.y
     return epoch
 
@@ -166,17 +169,17 @@ def webdataset(data: Path, workers: int, seed: int):
     return epoch
 
 
-def ours_proposed(data: Path, workers: int, seed: int):
-    """The runtime's loader with the gather of benchmarks/proposed/data.py."""
-    return ours(data, workers, seed, proposed=True)
+def ours_before(data: Path, workers: int, seed: int):
+    """The runtime's loader with its gather as before commit 363bf0b (benchmarks/baselines)."""
+    return ours(data, workers, seed, before=True)
 
 
-LOADERS = {"ours": ours, "ours_proposed": ours_proposed, "memmap": memmap, "pandas": pandas, "streaming": streaming,
+LOADERS = {"ours": ours, "ours_before": ours_before, "memmap": memmap, "pandas": pandas, "streaming": streaming,
            "webdataset": webdataset}
 
 
 def measure(loader: str, data: Path, seconds: float, workers: int, seed: int = 0) -> dict:
-    warm_page_cache(data / ("shards" if loader in ("ours", "ours_proposed", "memmap", "pandas") else
+    warm_page_cache(data / ("shards" if loader in ("ours", "ours_before", "memmap", "pandas") else
                             "mds" if loader == "streaming" else "wds"))
     epoch_fn = LOADERS[loader](data, workers, seed)
     samples = batches = 0

@@ -47,8 +47,8 @@ def stall(a: dict) -> dict:
 
     from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
 
-    if a.get("proposed"):
-        from benchmarks.proposed.data import SplitDataOneCopy as SplitData  # noqa: F811
+    if a.get("before"):
+        from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811
     torch.set_num_threads(1)
     data = Path(a["data"])
     man = json.loads((data / "shards" / "manifest.json").read_text())
@@ -75,6 +75,8 @@ def stall(a: dict) -> dict:
         idx = epoch_indices(split.num_samples, 1, 0, epoch, 0)
         loader = PrefetchLoader(split, idx, a["batch"], 0, torch.device("cpu"),
                                 num_workers=a["workers"], prefetch_batches=a["prefetch"])
+        if a.get("before"):  # before 363bf0b batches kept sampler order
+            loader.batches = [idx[i:i + a["batch"]] for i in range(0, len(idx), a["batch"])]
         t0 = time.perf_counter()
         for b in loader:
             compute(b.x)

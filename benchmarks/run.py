@@ -75,7 +75,7 @@ def bench_loaders(ctx: Ctx) -> dict:
         man = datagen.shard_dataset(data, rows=rows, dim=dim, samples_per_shard=512 if dim == 1024 else 64)
         n = man["splits"]["train"]["num_samples"]
         entry: dict = {"train_samples": n, "train_bytes": n * (dim * 4 + 8), "runs": {}, "errors": {}}
-        loaders = ["memmap", "ours", "ours_proposed"]
+        loaders = ["memmap", "ours", "ours_before"]
         if ctx.peer_problem is None:
             try:
                 entry["peer_files"] = run_json([str(PEERS_PY), "-m", "benchmarks.loaders", "write-peers",
@@ -118,15 +118,15 @@ def bench_stall(ctx: Ctx) -> dict:
         from benchmarks import datagen
 
         datagen.shard_dataset(data, rows=ctx.p["rows_4k"], dim=1024, samples_per_shard=512)
-    runs: dict[str, list[dict]] = {"runtime": [], "proposed": []}
+    runs: dict[str, list[dict]] = {"runtime": [], "before": []}
     for rep in range(ctx.p["reps"]):
-        for which in rotate(["runtime", "proposed"], rep):
+        for which in rotate(["runtime", "before"], rep):
             runs[which].append(ctx.probe("stall", {
                 "data": str(data), "batch": 256, "width": 256, "workers": 1, "prefetch": 4,
-                "seconds": ctx.p["stall_seconds"], "proposed": which == "proposed"}))
+                "seconds": ctx.p["stall_seconds"], "before": which == "before"}))
     return {"sample": "4KB", "batch": 256, "loader": "runtime defaults: num_workers=1, prefetch_batches=4",
             "runs": runs, "stall_share": median([r["stall_share"] for r in runs["runtime"]]),
-            "stall_share_proposed": median([r["stall_share"] for r in runs["proposed"]]),
+            "stall_share_before": median([r["stall_share"] for r in runs["before"]]),
             "compute_step_s": median([r["compute_step_s"] for r in runs["runtime"]])}
 
 
@@ -281,7 +281,7 @@ def table(results: dict) -> str:
             vs = e.get("vs_memory_read_limit", {})
             med = e.get("median_samples_per_s", {})
             side = "; ".join([f"{k} {_f(med.get(k), '{:,.0f}')}/s ({_f(vs.get(k))}×)"
-                              for k in ["memmap", "ours", "ours_proposed", *PEERS]
+                              for k in ["memmap", "ours", "ours_before", *PEERS]
                               if k in med] + [f"{k}: not measured ({v[:120]})" for k, v in e["errors"].items()])
             ours = vs.get("ours")
             add(f"1. loader throughput, {label} samples ({e['train_bytes'] / 2**20:.0f} MB)",
@@ -292,8 +292,8 @@ def table(results: dict) -> str:
     if "stall" in b and "error" not in b["stall"]:
         s = b["stall"]
         add("2. data stall (4 KB, batch 256)", f"{s['stall_share'] * 100:.2f} % of step time",
-            f"compute step {s['compute_step_s'] * 1000:.1f} ms; {s['loader']}; with the proposed gather "
-            f"{s['stall_share_proposed'] * 100:.2f} %", "≤ 2 %", s["stall_share"] <= 0.02)
+            f"compute step {s['compute_step_s'] * 1000:.1f} ms; {s['loader']}; with the gather before "
+            f"363bf0b {s['stall_share_before'] * 100:.2f} %", "≤ 2 %", s["stall_share"] <= 0.02)
     if "preprocess" in b and "error" not in b["preprocess"]:
         s = b["preprocess"]
         m = s["median_mb_per_s"]
