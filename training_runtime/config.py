@@ -119,6 +119,7 @@ class RunConfig:
         if not isinstance(m.kwargs, dict):
             raise ConfigError("model.kwargs must be an object of keyword arguments")
         validate_manifest(self.data.manifest, "data.manifest")
+        _check_model_builds(m, self.data.manifest)
         _check_locations(self.data.manifest, self.data.locations, ["train"], "data.locations")
         t = self.train
         for name in ("epochs", "batch_size", "grad_accum_steps", "num_workers", "prefetch_batches"):
@@ -198,6 +199,27 @@ def _check_model_name(name: str) -> None:
                           "check the import path and that the package is installed") from e
     if not callable(getattr(mod, attr, None)):
         raise ConfigError(f"model.name {name!r}: module {module!r} has no callable {attr!r}")
+
+
+def _check_model_builds(m: ModelConfig, manifest: dict) -> None:
+    """Built-in models are built on the meta device (no memory, no init) so wrong kwargs or a
+    feature shape the model cannot take fail now; user factories get their arguments checked."""
+    import inspect
+
+    import torch
+
+    from .models import build_model, resolve_factory
+
+    shape, nc = manifest["feature_shape"], manifest["num_classes"]
+    try:
+        if m.name in BUILTIN_MODELS:
+            with torch.device("meta"):
+                build_model(m.name, shape, nc, **m.kwargs)
+        else:
+            inspect.signature(resolve_factory(m.name)).bind(input_shape=shape, num_classes=nc, **m.kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model {m.name!r} cannot be built with model.kwargs {m.kwargs} for "
+                          f"feature_shape {shape}: {e}") from e
 
 
 def validate_manifest(man: Any, where: str = "manifest") -> None:

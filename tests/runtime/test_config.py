@@ -64,6 +64,8 @@ def test_every_field_has_a_description():
     (("model", "name"), "no_such_pkg.mod:make", "cannot import module 'no_such_pkg.mod'"),
     (("model", "name"), "tests.runtime.user_model:missing", "has no callable 'missing'"),
     (("data", "s3_endpoint_url"), 5, "data.s3_endpoint_url must be str"),
+    (("model", "kwargs"), {"width": 3}, "model 'mlp' cannot be built with model.kwargs {'width': 3}"),
+
 ])
 def test_invalid_values_name_the_field(base, path, value, expected):
     d = copy.deepcopy(base)
@@ -112,3 +114,19 @@ def test_impossible_world_sizes(base):
     cfg.train.grad_accum_steps, cfg.train.batch_size = 1, 64
     with pytest.raises(ConfigError, match="world_size 64 exceeds the 40 training samples"):
         cfg.validate_world_size(64)
+
+
+def test_model_is_checked_against_the_feature_shape(base):
+    d = copy.deepcopy(base)
+    d["model"] = {"name": "cnn", "kwargs": {}}
+    d["data"]["manifest"]["feature_shape"] = [10]
+    for shard in d["data"]["manifest"]["splits"]["train"]["shards"]:
+        shard["num_bytes"] = shard["num_samples"] * (10 * 4 + 8)
+    for split in ("validation", "test"):
+        d["data"]["manifest"]["splits"].pop(split)
+    assert "model 'cnn' cannot be built" in _err(d) and "needs feature_shape" in _err(d)
+    d = copy.deepcopy(base)
+    d["model"] = {"name": "tests.runtime.user_model:tiny_linear", "kwargs": {"depth": 2}}
+    assert "cannot be built with model.kwargs {'depth': 2}" in _err(d)
+    d["model"]["kwargs"] = {"bias": False}
+    RunConfig.from_dict(d)
