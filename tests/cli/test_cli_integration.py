@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -40,10 +41,16 @@ def row(text: str, *first_cells: str) -> list[str]:
     raise AssertionError(f"no row starting with {first_cells} in:\n{text}")
 
 
-def observations(demo, model: str = "digits") -> list[dg.AssetObservation]:
+def observations(demo, kinds: tuple[str, ...], model: str = "digits") -> list[tuple[str | None, dict]]:
+    """(description, plain metadata) of the CLI's observations on ``model/model_version``, oldest first."""
     with dg.DagsterInstance.from_config(str(demo.home)) as instance:
-        records = instance.fetch_observations(dg.AssetKey([model, "model_version"]), limit=100).records
-        return [r.asset_observation for r in records]
+        records = instance.fetch_observations(dg.AssetKey([model, "model_version"]), limit=200, ascending=True).records
+    out = []
+    for r in records:
+        meta = {k: v.value for k, v in r.asset_observation.metadata.items()}
+        if meta.get("kind") in kinds:
+            out.append((r.asset_observation.description, meta))
+    return out
 
 
 def test_compare_puts_two_versions_side_by_side(demo):
@@ -94,12 +101,12 @@ def test_comment_reaches_the_store_lineage_and_the_asset_history(demo):
     as_json = json.loads(ok(demo.cli("lineage", "digits", "--version", "1", "--json")))
     assert [(c["author"], c["text"]) for c in as_json["annotations"]["comments"]][-1] == ("alice", text)
     assert as_json["version"] == 1 and as_json["checkpoint"]["sha256"]
-    observed = [o for o in observations(demo) if o.metadata.get("kind") == dg.TextMetadataValue("comment")
-                and o.metadata["comment"].value == text]
+    observed = [(d, m) for d, m in observations(demo, ("comment",)) if m["comment"] == text]
     assert len(observed) == 1
-    assert observed[0].metadata["version"].value == 1
-    assert observed[0].metadata["author"].value == "alice"
-    assert observed[0].description == f"Comment on v1 by alice: {text}"
+    description, meta = observed[0]
+    assert (meta["version"], meta["author"]) == (1, "alice")
+    assert description == f"Comment on v1 by alice: {text}"
+    assert demo.store().exists("main", meta["store_path"])
 
 
 def test_promote_and_rollback_move_the_production_alias_with_an_audit_trail(demo):
@@ -114,9 +121,9 @@ def test_promote_and_rollback_move_the_production_alias_with_an_audit_trail(demo
     assert [(h["action"], h["from"], h["to"], h["by"]) for h in alias["history"]] == [
         ("promote", None, 1, "alice"), ("promote", 1, 2, "bob"), ("rollback", 2, 1, "carol")]
     assert all(h["at"] for h in alias["history"])
-    moves = [o for o in observations(demo) if o.metadata.get("kind") in
-             (dg.TextMetadataValue("promote"), dg.TextMetadataValue("rollback"))]
-    assert [o.metadata["production_version"].value for o in moves] == [1, 2, 1]
+    moves = observations(demo, ("promote", "rollback"))
+    assert [(m["kind"], m["production_version"], m["by"]) for _, m in moves] == [
+        ("promote", 1, "alice"), ("promote", 2, "bob"), ("rollback", 1, "carol")]
     # Nothing before v1: a second rollback is refused and leaves the alias alone.
     error = one_line_error(demo.cli("rollback", "digits"), 2)
     assert "no earlier one to roll back to" in error
@@ -143,13 +150,14 @@ def test_reproduce_retrains_from_the_lineage_record_and_reports_differences(demo
     assert row(out, "steps")[1:3] == [str(record["training_figures"]["steps"])] * 2
     assert "Reproduced: every figure matches within 1e-06" in out
     work_dir = out.splitlines()[0].split("work dir ")[1]
-    report = json.loads((__import__("pathlib").Path(work_dir) / "reproduction.json").read_text())
+    report = json.loads((Path(work_dir) / "reproduction.json").read_text())
     assert report["original_run"] == record["dagster"]["run_id"]
     judged = [f for f in report["figures"] if f["within_tolerance"] is not None]
     assert judged and all(f["within_tolerance"] for f in judged)
-    config = json.loads((__import__("pathlib").Path(work_dir) / "config.json").read_text())
+    config = json.loads((Path(work_dir) / "config.json").read_text())
     assert config["data"]["commit_id"] == record["data"]["shards_commit"]
-    assert config["train"] == {k: v for k, v in record["training"]["config"]["train"].items()}
+    assert config["train"] == record["training"]["config"]["train"]
+    assert config["model"] == record["training"]["config"]["model"]
     # The record was made from this repository; a dirty checkout or another commit is called out.
     if record["code"].get("dirty"):
         assert "uncommitted changes" in result.stderr

@@ -58,6 +58,7 @@ def page(browser) -> Page:
     context = browser.new_context(viewport={"width": 1600, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(UI_TIMEOUT_MS)
+    expect.set_options(timeout=UI_TIMEOUT_MS)
     # A new instance greets with "Join the Dagster community" over the page; skip it whenever it shows.
     page.add_locator_handler(page.get_by_role("button", name="Skip"), lambda skip: skip.click())
     yield page
@@ -78,30 +79,36 @@ def test_model_version_page_shows_metrics_and_lineage(page, ui_url, demo):
     page.goto(f"{ui_url}/assets/digits/model_version")
     for key in ("version", "test_accuracy", "test_loss", "validation_accuracy", "quality_gate", "lineage"):
         expect(page.get_by_text(key, exact=True).first).to_be_visible()
-    expect(page.get_by_text(str(record["evaluation"]["test"]["accuracy"]), exact=True)).to_be_visible()
-    expect(page.get_by_text("digits-v2", exact=True)).to_be_visible()
+    expect(page.get_by_text(str(record["evaluation"]["test"]["accuracy"]), exact=True).first).to_be_visible()
+    expect(page.get_by_text("digits-v2", exact=True).first).to_be_visible()
     # The lineage Markdown renders as a table of the commits this version came from.
     for field, value in (("shards commit", record["data"]["shards_commit"]),
                          ("raw data commit", record["data"]["raw_commit"]),
                          ("dagster run", record["dagster"]["run_id"])):
         row = page.locator("tr", has=page.get_by_text(field, exact=True))
-        expect(row.get_by_text(value, exact=True)).to_be_visible()
+        expect(row.get_by_text(value, exact=True).first).to_be_visible()
     page.screenshot(path=ARTIFACTS / "model_version.png", full_page=True)
 
 
 def test_checkpoint_page_shows_the_loss_curve(page, ui_url):
     page.goto(f"{ui_url}/assets/digits/checkpoint")
-    expect(page.get_by_text("loss_curve", exact=True).first).to_be_visible()
+    row = page.locator("tr", has=page.get_by_text("loss_curve", exact=True))
+    expect(row.first).to_be_visible()
+    for figure in ("final_loss", "samples_per_second", "weights_sha256"):
+        expect(page.get_by_text(figure, exact=True).first).to_be_visible()
+    page.screenshot(path=ARTIFACTS / "checkpoint.png", full_page=True)
+    # Large Markdown sits behind a button; the loss curve is a PNG inside it.
+    row.first.get_by_text("[Show Markdown]").click()
     image = page.locator('img[alt="loss curve"]').first
     expect(image).to_be_visible()
-    assert image.evaluate("img => img.naturalWidth") > 100  # the PNG decoded, not a broken image
-    page.screenshot(path=ARTIFACTS / "checkpoint.png", full_page=True)
+    assert image.evaluate("img => img.complete && img.naturalWidth") > 100  # the PNG decoded
+    page.screenshot(path=ARTIFACTS / "checkpoint_loss_curve.png")
 
 
 def test_a_comment_from_the_cli_is_in_the_asset_history(page, ui_url):
     page.goto(f"{ui_url}/assets/digits/model_version?view=events")
-    expect(page.get_by_text(f"Comment on v2 by ui-test: {COMMENT}")).to_be_visible()
-    expect(page.get_by_text(COMMENT, exact=True)).to_be_visible()  # the `comment` metadata entry
+    expect(page.get_by_text(f"Comment on v2 by ui-test: {COMMENT}").first).to_be_visible()
+    expect(page.get_by_text(COMMENT, exact=True).first).to_be_visible()  # the `comment` metadata entry
     page.screenshot(path=ARTIFACTS / "model_version_events.png", full_page=True)
 
 
