@@ -33,6 +33,9 @@ class Profile:
         name = os.environ.get("PLATFORM_PROFILE", "local")
         if name not in PROFILES:
             raise ValueError(f"PLATFORM_PROFILE={name!r} is not a profile; use one of {', '.join(PROFILES)}")
+        if name == "kubernetes":
+            # Checkpoints and outputs live on the shared volume every step and training pod mounts.
+            return cls(name=name, data_root=Path(os.environ.get("MODEL_FACTORY_SHARED_MOUNT", "/mnt/training")))
         # Local state lives beside the Dagster instance, so a temporary DAGSTER_HOME isolates it too.
         home = Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home")
         return cls(name=name, data_root=home / "platform")
@@ -46,7 +49,7 @@ class Profile:
                 "artifacts": ArtifactStoreResource(kind="local", local_root=str(self.data_root / "artifacts")),
                 "launcher": TrainingLauncherResource(kind="local", work_root=str(self.data_root / "launches")),
             }
-        return kubernetes_resources()
+        return kubernetes_resources(self.data_root)
 
     def executor(self) -> dg.ExecutorDefinition:
         if self.name == "local":
@@ -55,16 +58,21 @@ class Profile:
             return dg.in_process_executor
         from dagster_k8s import k8s_job_executor
 
-        return k8s_job_executor
+        from resources.k8s.step_config import k8s_executor_config, platform_settings
+
+        # The chart's ConfigMap (helm/model-factory) provides these settings to the Dagster pods.
+        settings = platform_settings(os.environ)
+        return k8s_job_executor.configured(k8s_executor_config(settings, runner_service_account="dagster"))
 
     def store(self):
         return self.resources()["store"].get()
 
 
-def kubernetes_resources() -> dict[str, dg.ConfigurableResource]:
-    """Production: lakeFS, S3, GPU pods; settings and secrets come from the deployment's env."""
+def kubernetes_resources(shared_root: Path) -> dict[str, dg.ConfigurableResource]:
+    """Production: lakeFS, S3, GPU pods; settings and secrets come from the deployment's env
+    (Secrets by reference, read through EnvVar so the UI shows names, never values)."""
     return {
-        "platform": PlatformSettings(data_root="/var/lib/model-factory", ui_url=dg.EnvVar("DAGSTER_UI_URL")),
+        "platform": PlatformSettings(data_root=str(shared_root), ui_url=dg.EnvVar("DAGSTER_UI_URL")),
         "store": VersionedStoreResource(
             kind="lakefs", repository=dg.EnvVar("LAKEFS_REPOSITORY"), lakefs_endpoint=dg.EnvVar("LAKEFS_ENDPOINT"),
             lakefs_access_key_id=dg.EnvVar("LAKEFS_ACCESS_KEY_ID"),
@@ -72,7 +80,7 @@ def kubernetes_resources() -> dict[str, dg.ConfigurableResource]:
         ),
         "artifacts": ArtifactStoreResource(kind="s3", bucket=dg.EnvVar("ARTIFACT_BUCKET"), prefix="artifacts"),
         "launcher": TrainingLauncherResource(
-            kind="kubernetes", work_root="/mnt/training", namespace=dg.EnvVar("TRAINING_NAMESPACE"),
+            kind="kubernetes", work_root=str(shared_root), namespace=dg.EnvVar("TRAINING_NAMESPACE"),
             image=dg.EnvVar("TRAINING_IMAGE"),
         ),
     }

@@ -41,3 +41,24 @@ def test_unknown_profile_is_refused(monkeypatch):
     monkeypatch.setenv("PLATFORM_PROFILE", "cloud")
     with pytest.raises(ValueError, match="not a profile"):
         Profile.from_environment()
+
+
+def test_kubernetes_profile_loads_with_the_charts_settings(monkeypatch, tmp_path):
+    """One switch: the same definitions with lakeFS, S3, GPU pods and the k8s step executor."""
+    settings = {
+        "PLATFORM_PROFILE": "kubernetes", "TRAINING_NAMESPACE": "model-factory", "TRAINING_IMAGE": "reg/training:1",
+        "MODEL_FACTORY_SHARED_CLAIM": "model-factory-shared", "MODEL_FACTORY_SHARED_MOUNT": str(tmp_path),
+        "DAGSTER_UI_URL": "https://dagster.example.com", "LAKEFS_REPOSITORY": "models",
+        "LAKEFS_ENDPOINT": "http://lakefs:8000", "LAKEFS_ACCESS_KEY_ID": "AKIA", "LAKEFS_SECRET_ACCESS_KEY": "s",
+        "ARTIFACT_BUCKET": "artifacts",
+    }
+    for k, v in settings.items():
+        monkeypatch.setenv(k, v)
+    profile = Profile.from_environment()
+    assert profile.name == "kubernetes" and profile.data_root == tmp_path
+    defs = build_definitions(profile, PIPELINES)
+    dg.Definitions.validate_loadable(defs)
+    assert defs.resolve_job_def(f"{PIPELINES[0].name}_training").executor_def.name == "k8s"
+    resources = profile.resources()
+    assert resources["store"].kind == "lakefs" and resources["artifacts"].kind == "s3"
+    assert resources["launcher"].kind == "kubernetes"
