@@ -503,7 +503,10 @@ def version_number(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines",
+        description="Run the demo and question model versions: their lineage, differences, reproduction, "
+                    "comments and the production alias. The platform is the one at DAGSTER_HOME.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, func) -> argparse.ArgumentParser:
