@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.pipeline import build_pipeline_assets, pipeline_asset_keys
-from assets.spec import PipelineSpec, resolve_shared
+from assets.spec import PipelineDefinitionError, PipelineSpec, resolve_shared
 from pipelines.automation import build_new_data_sensor, build_schedule, run_tags
 from pipelines.models import PIPELINES
 from pipelines.profiles import Profile
@@ -47,7 +47,8 @@ def build_definitions(profile: Profile, pipelines: list[PipelineSpec], with_yaml
     names = [p.name for p in pipelines]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"pipeline name(s) {duplicates} are defined twice; each pipeline needs its own name")
+        raise PipelineDefinitionError(f"pipeline {duplicates[0]!r}, field 'name': is defined twice; each pipeline "
+                                      "needs its own name (pipeline names are also asset key prefixes)")
     if with_yaml:
         from pipelines.components import yaml_pipelines
 
