@@ -27,7 +27,7 @@ from assets.registry import (
     version_tag,
 )
 from pipelines.profiles import REPO_ROOT, Profile
-from resources.store.base import StoreError
+from resources.store.base import RefNotFoundError, StoreError
 
 DIFF_MARK = "*"
 
@@ -76,8 +76,6 @@ def _print_lineage(profile: Profile, model: str, version: int | None, as_json: b
 
 
 def _resolves(store, commit_id: str) -> str | None:
-    from resources.store.base import RefNotFoundError
-
     try:
         return store.resolve_ref(commit_id)
     except RefNotFoundError:

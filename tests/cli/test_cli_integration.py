@@ -112,10 +112,8 @@ def test_comment_reaches_the_store_lineage_and_the_asset_history(demo):
 def test_promote_and_rollback_move_the_production_alias_with_an_audit_trail(demo):
     assert "production none -> v1" in ok(demo.cli("promote", "digits", "1", "--by", "alice"))
     assert "production v1 -> v2" in ok(demo.cli("promote", "digits", "2", "--by", "bob"))
-    assert "this version, v2, is in production" in ok(demo.cli("lineage", "digits"))
     assert "production v2 -> v1" in ok(demo.cli("rollback", "digits", "--by", "carol"))
-    assert "this version, v1, is in production (rollback by carol" in ok(demo.cli("lineage", "digits", "--version", "1"))
-    assert "v1 is in production, not this version" in ok(demo.cli("lineage", "digits", "--version", "2"))
+    assert "v1 is in production, not this version (rollback by carol" in ok(demo.cli("lineage", "digits"))
     alias = read_alias(demo.store(), "digits")
     assert alias["version"] == 1
     assert [(h["action"], h["from"], h["to"], h["by"]) for h in alias["history"]] == [

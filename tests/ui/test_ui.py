@@ -8,7 +8,6 @@ temporary instance that holds the two demo runs. Screenshots go to ``test-artifa
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import dagster as dg
 import pytest

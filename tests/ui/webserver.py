@@ -34,14 +34,17 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def running_webserver(env: dict[str, str], log_path: Path, start_timeout_s: float = 240.0) -> Iterator[str]:
-    """Serve the repository's workspace (the platform's code location) and yield the base URL."""
+def running_webserver(env: dict[str, str], log_path: Path, start_timeout_s: float = 240.0,
+                      workspace: Path | None = None) -> Iterator[str]:
+    """Serve the repository's workspace (the platform's code location), or ``workspace``, and
+    yield the base URL."""
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dagster_webserver", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "dagster_webserver", "-w", str(workspace or "workspace.yaml"), "-h", "127.0.0.1",
+             "-p", str(port)],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_until_serving(proc, url, log_path, start_timeout_s)
