@@ -109,9 +109,15 @@ def _digest(out: Path, manifest: dict) -> str:
 def preprocess(a: dict) -> dict:
     src = Path(a["source"])
     dim, sps, how = a["dim"], a["samples_per_shard"], a["how"]
-    if how == "platform":
+    if how in ("platform", "platform_fast"):
+        import assets.source
         from assets.sharding import build_shards
         from assets.source import load_frame
+
+        if how == "platform_fast":  # the proposed validate_frame, patched into load_frame's module
+            from benchmarks.proposed.fast_validate import validate_frame_fast
+
+            assets.source.validate_frame = validate_frame_fast
     elif how == "chunked":
         from benchmarks.proposed.chunked_shards import build_shards_chunked
     else:
@@ -126,7 +132,7 @@ def preprocess(a: dict) -> dict:
         out = Path(tmp)
         t0 = time.perf_counter()
         try:
-            if how == "platform":
+            if how in ("platform", "platform_fast"):
                 frame, _ = load_frame(spec, src.parent)
                 manifest = build_shards(
                     frame, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,

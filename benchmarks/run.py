@@ -36,6 +36,7 @@ SIZES = {
              "growth_samples": 4096, "limit_mb": 64, "chunk_rows": 1024, "timeout": 900},
 }
 BENCHMARKS = ("loaders", "stall", "preprocess", "checkpoint", "scaling", "overhead", "growth")
+EXTRA = ("gather",)  # run only when named with --only
 PEERS = ("streaming", "webdataset", "pandas")
 MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -65,7 +66,13 @@ def ensure_peers(ctx: Ctx) -> None:
 
 
 # ---------------------------------------------------------------- 1. loader throughput
-def bench_loaders(ctx: Ctx) -> dict:
+def bench_gather(ctx: Ctx) -> dict:
+    """The runtime's loader before/after 363bf0b and with the proposed gather, against the
+    memory-read limit, without the peers (a quicker re-run of that part of figure 1)."""
+    return bench_loaders(ctx, peers=False)
+
+
+def bench_loaders(ctx: Ctx, peers: bool = True) -> dict:
     from benchmarks import datagen
 
     p = ctx.p
@@ -75,8 +82,10 @@ def bench_loaders(ctx: Ctx) -> dict:
         man = datagen.shard_dataset(data, rows=rows, dim=dim, samples_per_shard=512 if dim == 1024 else 64)
         n = man["splits"]["train"]["num_samples"]
         entry: dict = {"train_samples": n, "train_bytes": n * (dim * 4 + 8), "runs": {}, "errors": {}}
-        loaders = ["memmap", "ours", "ours_before"]
-        if ctx.peer_problem is None:
+        loaders = ["memmap", "ours", "ours_before", "ours_proposed"]
+        if not peers:
+            pass
+        elif ctx.peer_problem is None:
             try:
                 entry["peer_files"] = run_json([str(PEERS_PY), "-m", "benchmarks.loaders", "write-peers",
                                                 "--data", str(data)], timeout=p["timeout"])
@@ -138,15 +147,16 @@ def bench_preprocess(ctx: Ctx) -> dict:
     src = datagen.csv_source(ctx.data / "csv" / f"pre_{ctx.size}.csv", rows=p["pre_rows"], dim=p["pre_dim"])
     runs: dict[str, list[dict]] = {}
     for rep in range(p["reps"]):
-        for how in rotate(["platform", "pyarrow", "chunked"], rep):
+        for how in rotate(["platform", "pyarrow", "platform_fast", "chunked"], rep):
             runs.setdefault(how, []).append(ctx.probe("preprocess", {
                 "source": str(src), "dim": p["pre_dim"], "samples_per_shard": 4096, "how": how,
                 "chunk_rows": p["chunk_rows"], "tmp": str(ctx.data)}))
     mbps = {k: median([r["mb_per_s"] for r in v]) for k, v in runs.items()}
     return {"source_bytes": src.stat().st_size, "rows": p["pre_rows"], "features": p["pre_dim"],
             "median_mb_per_s": mbps, "platform_vs_pyarrow": mbps["platform"] / mbps["pyarrow"],
+            "platform_fast_vs_pyarrow": mbps["platform_fast"] / mbps["pyarrow"],
             "chunked_vs_pyarrow": mbps["chunked"] / mbps["pyarrow"],
-            "same_shards": len({r["digest"] for k in ("platform", "chunked") for r in runs[k]}) == 1,
+            "same_shards": len({r["digest"] for k in ("platform", "platform_fast", "chunked") for r in runs[k]}) == 1,
             "runs": runs}
 
 
@@ -255,7 +265,7 @@ def bench_growth(ctx: Ctx) -> dict:
             "raw": {"preprocess": pre, "load": load}}
 
 
-RUNNERS = {"loaders": bench_loaders, "stall": bench_stall, "preprocess": bench_preprocess,
+RUNNERS = {"loaders": bench_loaders, "gather": bench_gather, "stall": bench_stall, "preprocess": bench_preprocess,
            "checkpoint": bench_checkpoint, "scaling": bench_scaling, "overhead": bench_overhead,
            "growth": bench_growth}
 
@@ -276,15 +286,18 @@ def table(results: dict) -> str:
     def add(figure: str, measured: str, side: str, target: str, ok: bool | None) -> None:
         rows.append(f"| {figure} | {measured} | {side} | {target} | {_met(ok)} |")
 
-    if "loaders" in b and "error" not in b["loaders"]:
-        for label, e in b["loaders"]["sizes"].items():
+    for key in ("loaders", "gather"):
+        if key not in b or "error" in b[key]:
+            continue
+        for label, e in b[key]["sizes"].items():
             vs = e.get("vs_memory_read_limit", {})
             med = e.get("median_samples_per_s", {})
             side = "; ".join([f"{k} {_f(med.get(k), '{:,.0f}')}/s ({_f(vs.get(k))}×)"
-                              for k in ["memmap", "ours", "ours_before", *PEERS]
+                              for k in ["memmap", "ours", "ours_before", "ours_proposed", *PEERS]
                               if k in med] + [f"{k}: not measured ({v[:120]})" for k, v in e["errors"].items()])
             ours = vs.get("ours")
-            add(f"1. loader throughput, {label} samples ({e['train_bytes'] / 2**20:.0f} MB)",
+            add(f"1{'' if key == 'loaders' else 'b'}. loader throughput{'' if key == 'loaders' else ' (gather re-run)'}, "
+                f"{label} samples ({e['train_bytes'] / 2**20:.0f} MB)",
                 f"ours {_f(ours)}× memory-read limit" + (f"; {_f(e['ours_vs_best_peer'], '{:.1f}')}× best peer "
                                                         f"({e['best_peer']})" if "ours_vs_best_peer" in e else ""),
                 side, "≥ 0.5× limit" + ("; ≥ 10× best peer" if label == "4KB" else ""),
@@ -299,8 +312,9 @@ def table(results: dict) -> str:
         m = s["median_mb_per_s"]
         add(f"3. preprocessing, CSV → shards ({s['source_bytes'] / 2**20:.0f} MB CSV)",
             f"platform {_f(s['platform_vs_pyarrow'])}× pyarrow+numpy",
-            f"platform {_f(m['platform'])} MB/s; pyarrow+numpy {_f(m['pyarrow'])} MB/s; proposed chunked "
-            f"{_f(m['chunked'])} MB/s ({_f(s['chunked_vs_pyarrow'])}×, same shards: {s['same_shards']})",
+            f"platform {_f(m['platform'])} MB/s; pyarrow+numpy {_f(m['pyarrow'])} MB/s; proposed fast "
+            f"validation {_f(m['platform_fast'])} MB/s ({_f(s['platform_fast_vs_pyarrow'])}×); proposed chunked "
+            f"{_f(m['chunked'])} MB/s ({_f(s['chunked_vs_pyarrow'])}×); same shards: {s['same_shards']}",
             "≥ 0.5×", s["platform_vs_pyarrow"] >= 0.5)
     if "checkpoint" in b and "error" not in b["checkpoint"]:
         s = b["checkpoint"]
@@ -347,6 +361,8 @@ def table(results: dict) -> str:
                 f"data limit ({how})", "completed" if r["ok"] else f"failed: {r.get('error', '')[:80]}",
                 f"{r['seconds']:.1f} s; peak anonymous {r['work_anon_bytes'] / 2**20:.0f} MB above start", "completes",
                 r["ok"])
+    reruns = [f"`{name}` was re-run on its own with `{r['rerun']['command']}` at {r['rerun']['date']} "
+              f"(load average after {r['rerun']['load_after']})" for name, r in b.items() if "rerun" in r]
     for name, r in b.items():
         if "error" in r:
             add(name, "not measured", r["error"][-200:].replace("|", "/").replace("\n", " "), "—", None)
@@ -357,6 +373,8 @@ def table(results: dict) -> str:
             f"(size {results['size']}, {results['wall_s'] / 60:.1f} min). Load average (1/5/15 min) before "
             f"{results['load_before']}, after {results['load_after']}: the cores were shared with other "
             "work, so absolute figures are noisy; each ratio compares runs made side by side in this run."]
+    if reruns:
+        meta.append("Re-runs: " + "; ".join(reruns) + ".")
     return "\n".join(meta + [""] + head + rows)
 
 
@@ -376,7 +394,7 @@ def write_report(results: dict, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
     ap.add_argument("--size", choices=sorted(SIZES), default="full")
-    ap.add_argument("--only", choices=BENCHMARKS, action="append",
+    ap.add_argument("--only", choices=BENCHMARKS + EXTRA, action="append",
                     help="run only this benchmark (repeatable); other entries of results.json are kept")
     ap.add_argument("--no-peers", action="store_true", help="skip the peers' venv and the peer loaders")
     ap.add_argument("--out", type=Path, default=BENCH,
@@ -390,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     prev = a.out / "results.json"
     results = json.loads(prev.read_text()) if a.only and prev.exists() else {"benchmarks": {}}
     t0 = time.perf_counter()
-    results.update(machine=machine(), date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                   command=" ".join(["python -m benchmarks.run", *sys.argv[1:]]) if argv is None else
-                   " ".join(["python -m benchmarks.run", *argv]), size=a.size, load_before=load_average())
+    command = " ".join(["python -m benchmarks.run", *(sys.argv[1:] if argv is None else argv)])
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    rerun = bool(a.only) and "command" in results
+    if not rerun:
+        results.update(machine=machine(), date=date, command=command, size=a.size, load_before=load_average())
     if "loaders" in names:
         ensure_peers(ctx)
     for name in names:
@@ -400,11 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {name} ...", flush=True)
         try:
             results["benchmarks"][name] = {**RUNNERS[name](ctx), "bench_wall_s": time.perf_counter() - t}
+            if rerun:
+                results["benchmarks"][name]["rerun"] = {"command": command, "date": date, "load_after": load_average()}
         except Exception as e:  # recorded as not measured, with the reason; the other figures go on
             traceback.print_exc()
             results["benchmarks"][name] = {"error": f"{type(e).__name__}: {e}"}
         print(f"[bench] {name} done in {time.perf_counter() - t:.0f} s", flush=True)
-        results.update(load_after=load_average(), wall_s=time.perf_counter() - t0)
+        if not rerun:
+            results.update(load_after=load_average(), wall_s=time.perf_counter() - t0)
         write_report(results, a.out)
     print(table(results))
     return 0 if all("error" not in results["benchmarks"][n] for n in names) else 1
