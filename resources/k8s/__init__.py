@@ -13,7 +13,6 @@ from resources.k8s.manifests import (
 from resources.k8s.step_config import (
     k8s_executor_config,
     platform_settings,
-    run_tags,
     step_k8s_config,
 )
 
@@ -30,7 +29,6 @@ __all__ = [
     "k8s_executor_config",
     "launcher_kwargs",
     "platform_settings",
-    "run_tags",
     "run_training_job",
     "step_k8s_config",
 ]

@@ -15,11 +15,9 @@ from resources.launch.base import GpuRequest
 
 StepKind = Literal["cpu", "gpu"]
 
-# Tag the queued run coordinator reads for ordering, and the tag our concurrency limits key on
-# (helm/dagster-values.yaml and helm/instance/dagster.yaml limit it to a few concurrent runs).
-PRIORITY_TAG = "dagster/priority"
-WORKLOAD_TAG = "model-factory/workload"
-RUN_PRIORITIES = {"training": 10, "adhoc": 0}
+# Runs carry the platform's run tags (pipelines/automation.py: run_tags): dagster/priority orders
+# the queue, platform/model, platform/team and platform/trigger are what the production queue's
+# limits (helm/instance/dagster.yaml, helm/dagster-values.yaml) key on, as the local one does.
 
 # Names the Helm chart `helm/model-factory` puts in its ConfigMap (envFrom in the Dagster pods).
 # (TRAINING_NAMESPACE / TRAINING_IMAGE are the names pipelines/profiles.py reads.)
@@ -170,18 +168,4 @@ def k8s_executor_config(
         "step_k8s_config": step_k8s_config(
             "cpu", defaults=StepPodDefaults(run_as_user=settings.run_as_user)
         ),
-    }
-
-
-def run_tags(workload: Literal["training", "adhoc"]) -> dict[str, str]:
-    """Tags that order runs in the queue and count them against the concurrency limits."""
-    if workload not in RUN_PRIORITIES:
-        raise ValueError(f"workload {workload!r}: use one of {sorted(RUN_PRIORITIES)}.")
-    return {
-        PRIORITY_TAG: str(RUN_PRIORITIES[workload]),
-        WORKLOAD_TAG: workload,
-        # Run retries are for lost pods and nodes; a failing training step (bad config, NaN
-        # loss) fails the same way again, so it is not retried. Set per run because the chart
-        # does not render the instance-wide switch in every version.
-        "dagster/retry_on_asset_or_op_failure": "false",
     }

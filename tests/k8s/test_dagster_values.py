@@ -124,11 +124,12 @@ def test_chart_values_and_instance_file_agree(values):
     assert instance["telemetry"] == values["telemetry"]
 
 
-def test_workload_tags_match_the_limits(values):
-    from resources.k8s.step_config import WORKLOAD_TAG, run_tags
+def test_queue_limits_key_on_the_tags_runs_carry(values):
+    from pipelines.automation import MODEL_TAG, TEAM_TAG, TRIGGER_TAG, run_tags
+    from pipelines.models.digits import digits_pipeline
 
     limits = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"]
-    assert {(lim["key"], lim["value"]) for lim in limits} == {
-        (WORKLOAD_TAG, run_tags("training")[WORKLOAD_TAG]),
-        (WORKLOAD_TAG, run_tags("adhoc")[WORKLOAD_TAG]),
-    }
+    assert {lim["key"] for lim in limits} == {MODEL_TAG, TEAM_TAG, TRIGGER_TAG}
+    ad_hoc = run_tags(digits_pipeline, "ad_hoc")
+    assert any(lim["key"] == TRIGGER_TAG and lim["value"] == ad_hoc[TRIGGER_TAG] for lim in limits)
+    assert all(lim["key"] in ad_hoc for lim in limits)

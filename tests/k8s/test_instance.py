@@ -10,6 +10,8 @@ process, and its events are read back from Postgres.
 
 from __future__ import annotations
 
+import json
+
 import shutil
 import socket
 import tempfile
@@ -34,7 +36,8 @@ from dagster_aws.s3.compute_log_manager import S3ComputeLogManager
 from dagster_k8s import K8sRunLauncher
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
 
-from resources.k8s.step_config import run_tags
+from pipelines.automation import run_tags
+from pipelines.models.digits import digits_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 INSTANCE_YAML = REPO / "helm" / "instance" / "dagster.yaml"
@@ -189,8 +192,11 @@ def test_a_run_is_queued_launched_and_read_back_from_postgres(tmp_path, pg_env):
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
         queue = instance.get_concurrency_config().run_queue_config
         assert queue.max_concurrent_runs == 12
-        assert {(lim["key"], lim["value"], lim["limit"]) for lim in queue.tag_concurrency_limits} == {
-            ("model-factory/workload", "training", 2), ("model-factory/workload", "adhoc", 4)}
+        assert {(lim["key"], json.dumps(lim["value"], sort_keys=True), lim["limit"])
+                for lim in queue.tag_concurrency_limits} == {
+            ("platform/model", '{"applyLimitPerUniqueValue": true}', 1),
+            ("platform/team", '{"applyLimitPerUniqueValue": true}', 2),
+            ("platform/trigger", '"ad_hoc"', 4)}
         assert instance.run_monitoring_enabled and instance.run_monitoring_start_timeout_seconds == 600
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 1
 
@@ -205,7 +211,7 @@ def test_a_run_is_queued_launched_and_read_back_from_postgres(tmp_path, pg_env):
                 _load_defs(code / "defs.py")).resolve_implicit_global_asset_job_def()
             run = instance.create_run_for_job(
                 job_def,
-                tags=run_tags("training"),
+                tags=run_tags(digits_pipeline, "schedule"),
                 remote_job_origin=remote_job.get_remote_origin(),
                 job_code_origin=remote_job.get_python_origin(),
             )

@@ -23,7 +23,6 @@ from resources.k8s.step_config import (
     ENV_TRAINING_IMAGE,
     k8s_executor_config,
     platform_settings,
-    run_tags,
     step_k8s_config,
 )
 from resources.launch.base import GpuRequest
@@ -144,9 +143,3 @@ def test_platform_settings_name_what_is_missing():
     assert all(e.secret == "model-factory-s3" for e in s.secret_env)
 
 
-def test_run_tags_order_training_before_adhoc():
-    training, adhoc = run_tags("training"), run_tags("adhoc")
-    assert int(training["dagster/priority"]) > int(adhoc["dagster/priority"])
-    assert training["model-factory/workload"] == "training"
-    with pytest.raises(ValueError):
-        run_tags("batch")  # type: ignore[arg-type]
