@@ -51,7 +51,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 print(f"FAILED {event.step_key}: {event.event_specific_data.error.message.strip()}", file=sys.stderr)
         return 1
     print(f"Run {result.run_id} succeeded.\n")
-    return _print_lineage(profile, digits_pipeline.name, None, as_json=False)
+    # The digits job also trains the models that share its shards (e.g. the YAML-declared CNN).
+    models = sorted({e.asset_key.path[0] for e in result.get_asset_materialization_events()
+                     if e.asset_key.path[-1] == "model_version"}, key=lambda m: (m != digits_pipeline.name, m))
+    for i, model in enumerate(models):
+        if i:
+            print()
+        _print_lineage(profile, model, None, as_json=False)
+    return 0
 
 
 # --- lineage -------------------------------------------------------------------------------------
@@ -515,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     def model_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("model", help="Model name, e.g. digits.")
 
-    command("demo", "Run the digits pipeline once on this profile and print its lineage.", _cmd_demo)
+    command("demo", "Run the digits job once on this profile and print the lineage of each version it registered.",
+            _cmd_demo)
 
     p = command("lineage", "Print a model version's lineage record, its comments and the production alias.",
                 _cmd_lineage)
