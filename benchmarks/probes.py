@@ -203,15 +203,24 @@ def checkpoint(a: dict) -> dict:
     root = Path(a["dir"])
     root.mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {k: [] for k in (
-        "torch_save", "sync", "sync_proposed", "sync_stall", "async_stall", "async_proposed_stall")}
+        "torch_save", "torch_save_fsync", "sync", "sync_proposed", "sync_stall", "async_stall",
+        "async_proposed_stall")}
     staged = proposed.StagedCheckpointWriter(str(root / "async_proposed"), keep_last=1, async_save=True)
-    order = ["torch_save", "sync", "sync_proposed", "sync_writer", "async", "async_proposed"]
+    order = ["torch_save", "torch_save_fsync", "sync", "sync_proposed", "sync_writer", "async", "async_proposed"]
     for rep in range(a["reps"]):
         state["step"] = rep
         for what in order[rep % len(order):] + order[:rep % len(order)]:
             t = time.perf_counter()
             if what == "torch_save":
                 torch.save(state, root / "plain.pt")
+                times[what].append(time.perf_counter() - t)
+                (root / "plain.pt").unlink()
+            elif what == "torch_save_fsync":  # the durability write_checkpoint adds: file and directory fsync
+                with open(root / "plain.pt", "wb") as f:
+                    torch.save(state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                ckpt.fsync_dir(root)
                 times[what].append(time.perf_counter() - t)
                 (root / "plain.pt").unlink()
             elif what == "sync":

@@ -170,6 +170,7 @@ def bench_checkpoint(ctx: Ctx) -> dict:
             "proposed_checkpoint_loads": r["proposed_checkpoint_loads"],
             "sync_vs_torch_save": t["torch_save"] / t["sync"],
             "sync_proposed_vs_torch_save": t["torch_save"] / t["sync_proposed"],
+            "torch_save_fsync_vs_torch_save": t["torch_save"] / t["torch_save_fsync"],
             "async_stall_vs_sync": t["async_stall"] / t["sync_stall"],
             "async_proposed_stall_vs_sync": t["async_proposed_stall"] / t["sync_stall"]}
 
@@ -321,7 +322,8 @@ def table(results: dict) -> str:
         t = s["median_s"]
         add(f"4a. checkpoint, sync save ({s['state_bytes'] / 2**20:.0f} MB state)",
             f"{_f(s['sync_vs_torch_save'])}× torch.save speed",
-            f"torch.save {t['torch_save']:.3f} s; runtime write_checkpoint {t['sync']:.3f} s; proposed "
+            f"torch.save {t['torch_save']:.3f} s; torch.save + fsync {t['torch_save_fsync']:.3f} s "
+            f"({_f(s['torch_save_fsync_vs_torch_save'])}×); runtime write_checkpoint {t['sync']:.3f} s; proposed "
             f"streaming write {t['sync_proposed']:.3f} s ({_f(s['sync_proposed_vs_torch_save'])}×)", "≥ 0.8×",
             s["sync_vs_torch_save"] >= 0.8)
         add("4b. checkpoint, async training stall", f"{_f(s['async_stall_vs_sync'], '{:.3f}')}× sync stall",
