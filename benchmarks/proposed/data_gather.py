@@ -3,12 +3,14 @@ the runtime's owner): in ``SplitData._take_sorted`` keep ``np.take(..., out=out[
 mode="clip")`` for small samples and copy large samples with an advanced index into the slice,
 ``out[a:e] = shard[local]``.
 
-Measured side by side (results.json, ``gather`` re-run): commit 363bf0b's ``np.take`` path took
-4 KB samples from 0.15x to 0.24x of the memory-read limit, but 192 KB samples went from 0.32x to
-0.27x; advanced indexing into the slice gave 0.43x at 192 KB and 0.15x at 4 KB. Why the
-memory-mapped source favours advanced indexing for large rows is not established: on in-memory
-arrays ``np.take`` was ~2x faster and neither variant gained from a second thread. The threshold
-(64 KiB per sample) lies between the two measured sizes; it is not tuned.
+Measured side by side (results.json history; ratios to the memory-read limit), two re-runs:
+192 KB samples: 363bf0b's ``np.take`` 0.27x / 0.32x, advanced indexing into the slice 0.43x (all
+samples) / 0.40x (this hybrid), the gather before 363bf0b 0.32x / 0.46x; 4 KB samples: ``np.take``
+0.24x / 0.21x, advanced indexing 0.15x, this hybrid 0.24x, before 363bf0b 0.15x / 0.13x. So the
+hybrid keeps the 4 KB gain and recovers part of the 192 KB loss; the old unsorted gather was still
+ahead at 192 KB. Why the memory-mapped source favours advanced indexing for large rows is not
+established: on in-memory arrays ``np.take`` was ~2x faster and neither variant gained from a
+second thread. The threshold (64 KiB per sample) lies between the two measured sizes; not tuned.
 """
 
 from __future__ import annotations
