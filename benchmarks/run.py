@@ -111,11 +111,11 @@ def bench_loaders(ctx: Ctx, peers: bool = True) -> dict:
         entry["median_samples_per_s"] = med
         if "memmap" in med:
             entry["vs_memory_read_limit"] = {k: v / med["memmap"] for k, v in med.items()}
-        peers = {k: v for k, v in med.items() if k in PEERS}
-        if peers and "ours" in med:
-            best = max(peers, key=peers.get)
+        peer_med = {k: v for k, v in med.items() if k in PEERS}
+        if peer_med and "ours" in med:
+            best = max(peer_med, key=peer_med.get)
             entry["best_peer"] = best
-            entry["ours_vs_best_peer"] = med["ours"] / peers[best]
+            entry["ours_vs_best_peer"] = med["ours"] / peer_med[best]
         out["sizes"][label] = entry
     return out
 
