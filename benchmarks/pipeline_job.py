@@ -72,8 +72,18 @@ def main(argv: list[str] | None = None) -> int:
                 name = key.split(":")[0]
                 step_times[name] = step_times[key.replace("START", "SUCCESS")] - step_times[key]
         steps = {k: v for k, v in step_times.items() if ":" not in k}
+        training: dict[str, float] = {}
+        for entry in instance.all_logs(result.run_id):
+            ev = entry.dagster_event
+            if ev is not None and ev.event_type_value == "ASSET_MATERIALIZATION" and \
+                    ev.step_key and ev.step_key.endswith("checkpoint"):
+                meta = ev.event_specific_data.materialization.metadata
+                for key in ("samples_per_second", "steps", "checkpoint_stall_s_total", "data_wait_share"):
+                    if key in meta:
+                        training[key] = float(getattr(meta[key], "value", meta[key]))
     emit({"launched_at": a.launched_at, "process_started_at": T_PROCESS, "definitions_at": t_defs,
           "execute_at": t_exec, "done_at": t_done, "first_step_at": first_step, "step_seconds": steps,
+          "training_figures": training,
           "run_id": result.run_id})
     return 0
 

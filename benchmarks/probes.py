@@ -67,7 +67,7 @@ def stall(a: dict) -> dict:
     for _ in range(20):
         compute(xb)
     step_s = (time.perf_counter() - t) / 20
-    total = wait = 0.0
+    total = wait = first_wait = 0.0
     steps = 0
     t_end = time.perf_counter() + a["seconds"]
     epoch = 0
@@ -78,13 +78,16 @@ def stall(a: dict) -> dict:
         if a.get("before"):  # before 363bf0b batches kept sampler order
             loader.batches = [idx[i:i + a["batch"]] for i in range(0, len(idx), a["batch"])]
         t0 = time.perf_counter()
-        for b in loader:
+        for i, b in enumerate(loader):
+            if i == 0:  # what the epoch's start costs: threads started, first batch gathered
+                first_wait += loader.wait_s
             compute(b.x)
             steps += 1
         total += time.perf_counter() - t0
         wait += loader.wait_s
         epoch += 1
     return {"stall_share": wait / total, "wait_s": wait, "loop_s": total, "steps": steps,
+            "first_batch_wait_s": first_wait, "first_batch_share_of_wait": first_wait / max(wait, 1e-12),
             "epochs": epoch, "compute_step_s": step_s, "workers": a["workers"]}
 
 
