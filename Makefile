@@ -21,6 +21,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests -q
 
+# Every benchmark at full size (about 25 minutes); writes benchmarks/results.json and BENCHMARKS.md.
+# The peer loaders get their own virtual environment (benchmarks/.peers-venv), made on first use.
+bench: $(STAMP)
+	$(PY) -m benchmarks.run --size full
+
 # Every fault, load, bad-input and security class at full size; writes RELIABILITY.md.
 reliability: $(STAMP)
 	mkdir -p test-artifacts
