@@ -70,6 +70,39 @@ def load_frame(spec: PipelineSpec, sources_root: Path) -> tuple[pd.DataFrame, li
 
 def validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
     """Keep the pipeline's columns in canonical types; refuse frames training cannot use."""
+    fast = _validate_numeric_frame(spec, frame)
+    return fast if fast is not None else _validate_frame(spec, frame)
+
+
+def _validate_numeric_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame | None:
+    """The common case vectorised: every feature column already numeric and nothing to refuse.
+    Returns None for anything else, which ``_validate_frame`` then converts or refuses with its
+    messages. One float64 conversion of all features replaces a per-column ``pd.to_numeric``
+    and 256-column ``__setitem__`` (30-40 % of source-to-shards time in a py-spy profile)."""
+    from pandas.api.types import is_numeric_dtype
+
+    cols = list(spec.feature_columns)
+    wanted = cols + [spec.label_column] + ([spec.id_column] if spec.id_column else [])
+    if len(frame) == 0 or any(c not in frame.columns for c in wanted) or \
+            not all(is_numeric_dtype(frame[c].dtype) for c in cols):
+        return None
+    x = frame[cols].to_numpy(dtype=np.float64)
+    labels = frame[spec.label_column]
+    ids = frame[spec.id_column] if spec.id_column else None
+    if not np.isfinite(x).all() or labels.isna().any() or \
+            (ids is not None and (ids.isna().any() or ids.duplicated().any())):
+        return None
+    text = labels.map(_label_text).astype(str)
+    if not set(text.unique()) <= set(spec.class_names):
+        return None
+    out = pd.DataFrame(x.astype(np.float32), columns=cols)
+    out[spec.label_column] = text.to_numpy()
+    if ids is not None:
+        out[spec.id_column] = ids.astype(str).to_numpy()
+    return out[wanted]
+
+
+def _validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
     if len(frame) == 0:
         raise SourceError(f"pipeline {spec.name!r}: the source has no rows (header only or empty)")
     wanted = list(spec.feature_columns) + [spec.label_column] + ([spec.id_column] if spec.id_column else [])

@@ -124,6 +124,38 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(out, reverse=True)
 
 
+class _HashingFile:
+    """Write-only file object for ``torch.save`` that hashes and counts what passes through."""
+
+    def __init__(self, f):
+        self.f, self.sha256, self.num_bytes = f, hashlib.sha256(), 0
+
+    def write(self, b) -> int:
+        self.sha256.update(b)
+        self.num_bytes += len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def copy_into(staging: Any, obj: Any) -> Any:
+    """``copy_to_cpu(obj)`` that reuses the tensors of ``staging`` (an earlier result for the same
+    structure) where shape and dtype match, so repeated saves do not allocate and first-touch new
+    host memory inside the training stall."""
+    if isinstance(obj, torch.Tensor):
+        if isinstance(staging, torch.Tensor) and staging.shape == obj.shape and staging.dtype == obj.dtype:
+            return staging.copy_(obj.detach())
+        return copy_to_cpu(obj)
+    if isinstance(obj, dict):
+        s = staging if isinstance(staging, dict) else {}
+        return {k: copy_into(s.get(k), v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        s = staging if isinstance(staging, (list, tuple)) and len(staging) == len(obj) else [None] * len(obj)
+        return type(obj)(copy_into(a, b) for a, b in zip(s, obj))
+    return obj
+
+
 def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any]) -> Path:
     """Write ``state`` as checkpoint ``step`` atomically; returns its directory."""
     root = Path(root)
@@ -133,12 +165,13 @@ def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any]) 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getvalue()
-    write_bytes_durable(tmp / STATE_FILE, data)
+    with open(tmp / STATE_FILE, "wb") as f:  # streamed and hashed on the way: no in-memory copies
+        hashed = _HashingFile(f)
+        torch.save(state, hashed)
+        f.flush()
+        os.fsync(f.fileno())
     manifest = {"format": FORMAT, "step": step, "created_unix": time.time(),
-                "files": {STATE_FILE: {"sha256": hashlib.sha256(data).hexdigest(), "num_bytes": len(data)}}}
+                "files": {STATE_FILE: {"sha256": hashed.sha256.hexdigest(), "num_bytes": hashed.num_bytes}}}
     write_bytes_durable(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
     fsync_dir(tmp)
     if final.exists():  # the same step saved again after a restart: replace it
@@ -214,8 +247,9 @@ def remove_stale_temporaries(root: str | os.PathLike) -> None:
 
 
 class CheckpointWriter:
-    """Rank 0's writer. In async mode the (already host-copied) state is written by one background
-    thread; a new save first waits for the previous write. Errors surface on the next call."""
+    """Rank 0's writer. In async mode ``save`` copies the state into a host staging copy that is
+    reused from save to save (the previous write has finished by then) and one background thread
+    writes it; a new save first waits for the previous write. Errors surface on the next call."""
 
     def __init__(self, root: str, keep_last: int, async_save: bool):
         self.root = root
@@ -224,6 +258,7 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_path: Path | None = None
+        self._staging: Any = None
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
         try:
@@ -235,7 +270,8 @@ class CheckpointWriter:
     def save(self, step: int, state: dict[str, Any]) -> None:
         self.wait()
         if self.async_save:
-            self._thread = threading.Thread(target=self._write, args=(step, state),
+            self._staging = copy_into(self._staging, state)
+            self._thread = threading.Thread(target=self._write, args=(step, self._staging),
                                             name=f"ckpt-writer-{step}", daemon=False)
             self._thread.start()
         else:

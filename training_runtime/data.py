@@ -173,11 +173,18 @@ class SplitData:
         return out, self.labels[idx]
 
     def _take_sorted(self, idx: np.ndarray, out: np.ndarray) -> None:
+        # Large samples copy faster from the memory map with an advanced index into the slice
+        # (benchmarks/: 192 KB samples 0.27x -> 0.43x and 0.32x -> 0.40x of the memory-read
+        # limit in two side-by-side runs); 4 KB samples are fastest with np.take into ``out``.
+        large = math.prod(self.feature_shape) * 4 >= 64 * 1024
         bounds = np.searchsorted(idx, self.starts)
         for s in range(len(self.features)):
             a, e = bounds[s], bounds[s + 1]
             if a < e:
-                np.take(self.features[s], idx[a:e] - self.starts[s], axis=0, out=out[a:e], mode="clip")
+                if large:
+                    out[a:e] = self.features[s][idx[a:e] - self.starts[s]]
+                else:
+                    np.take(self.features[s], idx[a:e] - self.starts[s], axis=0, out=out[a:e], mode="clip")
 
 
 # ---------------------------------------------------------------- background loader

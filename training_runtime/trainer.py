@@ -173,9 +173,7 @@ class Trainer:
                 "model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
                 "rng": rngs, "config": self.cfg.to_dict(), "history": self._history_state(),
             }
-            if self.cfg.checkpoint.async_save:
-                state = ckpt.copy_to_cpu(state)
-            self.writer.save(step, state)
+            self.writer.save(step, state)  # async mode stages a host copy itself
         self.last_saved_step = step
         return time.perf_counter() - t0
 

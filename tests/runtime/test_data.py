@@ -138,3 +138,21 @@ def test_gather_keeps_the_requested_order_for_unsorted_indices(dataset):
         np.testing.assert_array_equal(y, y_ref[idx])
     with pytest.raises(IndexError, match="out of range"):
         data.gather(np.array([70]))
+
+
+def test_gather_of_large_samples_takes_the_indexed_copy_path(tmp_path):
+    """Samples of 64 KiB and more are copied with an advanced index instead of np.take."""
+    shape = (128, 128)  # 64 KiB of float32 per sample
+    manifest, locations = make_dataset(tmp_path, n_train=24, n_test=4, feature_shape=shape, per_shard=7)
+    data = SplitData(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    xs, ys = [], []
+    for s in manifest["splits"]["train"]["shards"]:
+        raw = (tmp_path / s["path"]).read_bytes()
+        n, width = s["num_samples"], 128 * 128 * 4
+        xs.append(np.frombuffer(raw[:n * width], "<f4").reshape(n, *shape))
+        ys.append(np.frombuffer(raw[n * width:], "<i8"))
+    x_ref, y_ref = np.concatenate(xs), np.concatenate(ys)
+    idx = np.array([23, 0, 6, 7, 7, 14, 1])
+    x, y = data.gather(idx)
+    np.testing.assert_array_equal(x, x_ref[idx])
+    np.testing.assert_array_equal(y, y_ref[idx])
