@@ -40,10 +40,13 @@ def definitions(root: Path, store: VersionedStoreResource, artifacts: ArtifactSt
     )
 
 
-def run_train(defs: dg.Definitions, home: Path):
+def run_train(defs: dg.Definitions, home: Path, stages: list[str] | None = None, model: str = "digits"):
+    """Run the job (or only ``stages`` of it) on the instance at ``home``, which persists between calls."""
     home.mkdir(parents=True, exist_ok=True)
+    selection = [dg.AssetKey([model, s]) for s in stages] if stages else None
     with dg.DagsterInstance.local_temp(str(home)) as instance:
-        result = defs.resolve_job_def("train").execute_in_process(instance=instance, raise_on_error=False)
+        result = defs.resolve_job_def("train").execute_in_process(instance=instance, raise_on_error=False,
+                                                                  asset_selection=selection)
         events = [str(e) for e in instance.all_logs(result.run_id)]
     errors = "\n".join(_chain(e.event_specific_data.error) for e in result.all_events if e.is_step_failure)
     return result, errors, events
