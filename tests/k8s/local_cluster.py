@@ -149,7 +149,7 @@ class LocalCluster:
             if "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
                 if path != f"metadata.annotations['{INDEX_ANNOTATION}']":
-                    raise NotImplementedError(f"local cluster cannot resolve fieldRef {path}")
+                    raise ValueError(f"the local pod simulator resolves only the completion-index fieldRef, not {path}")
                 env[entry["name"]] = str(index)
             elif "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
@@ -160,7 +160,7 @@ class LocalCluster:
                     return env, f'couldn\'t find key {ref["key"]} in Secret {ref["name"]}'
                 env[entry["name"]] = value
             else:
-                raise NotImplementedError(f"local cluster cannot resolve {source}")
+                raise ValueError(f"the local pod simulator resolves only values, the index fieldRef and secretKeyRef, not {source}")
         return env, ""
 
     @staticmethod
