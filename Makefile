@@ -18,7 +18,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m pipelines demo
 
-test: $(STAMP)
+# The browser tests drive Debian's chromium (never a downloaded browser).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "The browser tests need Debian's chromium at $(CHROMIUM): run 'sudo apt-get install chromium'"; exit 1; \
+	fi
+
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests -q
 
 # Every benchmark at full size (about 25 minutes); writes benchmarks/results.json and BENCHMARKS.md.
