@@ -131,8 +131,11 @@ class LakeFSVersionedStore(VersionedStore):
         )
 
     def _backoff(self, attempt: int) -> float:
-        # Full jitter: concurrent runs that failed together do not retry in lockstep.
-        return random.uniform(0, min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)))
+        # Equal jitter: half the exponential delay is fixed, so the retries always span at least
+        # backoff_s * (2**(max_attempts-1) - 1) / 2 seconds (3.75 s by default: a lakeFS restart);
+        # the random half keeps concurrent runs that failed together out of lockstep.
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     def _translate(self, what: str, exc: ApiException) -> StoreError:
         message = _server_message(exc)

@@ -5,6 +5,10 @@ connection with a TCP reset instead of answering; ``"stall"`` holds the request 
 answer until the client's read timeout fires; ``"reset-after"`` forwards the request (so the
 server applies it) and then resets the connection instead of returning the answer. Every other request goes to the upstream server
 unchanged, so clients see real behaviour once the fault clears.
+
+``proxy.outage(down_s)`` is the server going away and coming back: the proxy stops listening
+(new connections are refused), drops every open keep-alive connection, and listens again on the
+same port ``down_s`` seconds later.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import http.client
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
@@ -33,6 +38,9 @@ class FaultProxy:
         self._released = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._port = 0  # kept across an outage so clients reconnect to the same address
+        self._open: set[socket.socket] = set()
+        self.outages = 0
 
     @property
     def url(self) -> str:
@@ -68,11 +76,26 @@ class FaultProxy:
         class Handler(_ProxyHandler):
             owner = proxy
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._released.clear()
+        self._server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
         self._server.daemon_threads = True
+        self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="fault-proxy", daemon=True)
         self._thread.start()
         return self
+
+    def outage(self, down_s: float) -> None:
+        """Stop answering for ``down_s`` seconds: connection refused, open connections dropped."""
+        self.stop()
+        with self._lock:
+            for conn in list(self._open):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed by its handler
+            self.outages += 1
+        time.sleep(down_s)
+        self.start()
 
     def stop(self) -> None:
         self._released.set()  # let stalled handlers finish
@@ -101,6 +124,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         # Headers and body go out in separate writes; without NODELAY, Nagle's algorithm and
         # delayed ACKs add ~40 ms to every request.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.owner._lock:
+            self.owner._open.add(self.connection)
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -124,6 +149,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def finish(self) -> None:
+        with self.owner._lock:
+            self.owner._open.discard(self.connection)
         if not self._aborted:  # the socket is already gone after an injected reset
             super().finish()
 

@@ -49,10 +49,12 @@ class SeaweedServer:
         self.process: subprocess.Popen | None = None
         self.endpoint_url = ""
         self.log_path = self.data_dir / "weed.log"
+        self._ports: tuple[int, ...] = ()  # kept by restart(), so clients reconnect to the same endpoint
 
     def start(self) -> SeaweedServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        s3, s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = free_ports(8)
+        self._ports = self._ports or tuple(free_ports(8))
+        s3, s3_grpc, master, master_grpc, volume, volume_grpc, filer, filer_grpc = self._ports
         args = [
             weed_binary(), "server", f"-dir={self.data_dir}", "-ip=127.0.0.1",
             # Every bucket is a collection that grows several volumes: allow plenty, keep them small.
@@ -63,7 +65,7 @@ class SeaweedServer:
             f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
             f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
         ]
-        log = open(self.log_path, "wb")
+        log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
@@ -127,6 +129,12 @@ class SeaweedServer:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=STOP_GRACE_S)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the server and start it again on the same ports and data directory."""
+        self.stop()
+        time.sleep(down_s)
+        self.start()
 
     def __enter__(self) -> SeaweedServer:
         return self.start()
