@@ -52,15 +52,13 @@ def warm_page_cache(root: Path) -> None:
 
 
 # ---------------------------------------------------------------- loaders (epoch -> batches)
-def ours(data: Path, workers: int, seed: int, before: bool = False, proposed: bool = False):
+def ours(data: Path, workers: int, seed: int, before: bool = False):
     import torch
 
     from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
 
     if before:
         from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811
-    if proposed:
-        from benchmarks.proposed.data_gather import SplitDataFancySlices as SplitData  # noqa: F811
 
     man = _manifest(data)
     paths = [p for p, _ in _train_files(data)]
@@ -176,18 +174,13 @@ def ours_before(data: Path, workers: int, seed: int):
     return ours(data, workers, seed, before=True)
 
 
-def ours_proposed(data: Path, workers: int, seed: int):
-    """The runtime's loader with the gather of benchmarks/proposed/data_gather.py."""
-    return ours(data, workers, seed, proposed=True)
-
-
-LOADERS = {"ours": ours, "ours_proposed": ours_proposed, "ours_before": ours_before, "memmap": memmap,
+LOADERS = {"ours": ours, "ours_before": ours_before, "memmap": memmap,
            "pandas": pandas, "streaming": streaming,
            "webdataset": webdataset}
 
 
 def measure(loader: str, data: Path, seconds: float, workers: int, seed: int = 0) -> dict:
-    warm_page_cache(data / ("shards" if loader in ("ours", "ours_before", "ours_proposed", "memmap", "pandas") else
+    warm_page_cache(data / ("shards" if loader in ("ours", "ours_before", "memmap", "pandas") else
                             "mds" if loader == "streaming" else "wds"))
     epoch_fn = LOADERS[loader](data, workers, seed)
     samples = batches = 0

@@ -112,15 +112,9 @@ def _digest(out: Path, manifest: dict) -> str:
 def preprocess(a: dict) -> dict:
     src = Path(a["source"])
     dim, sps, how = a["dim"], a["samples_per_shard"], a["how"]
-    if how in ("platform", "platform_fast"):
-        import assets.source
+    if how == "platform":
         from assets.sharding import build_shards
         from assets.source import load_frame
-
-        if how == "platform_fast":  # the proposed validate_frame, patched into load_frame's module
-            from benchmarks.proposed.fast_validate import validate_frame_fast
-
-            assets.source.validate_frame = validate_frame_fast
     elif how == "chunked":
         from benchmarks.proposed.chunked_shards import build_shards_chunked
     else:
@@ -135,7 +129,7 @@ def preprocess(a: dict) -> dict:
         out = Path(tmp)
         t0 = time.perf_counter()
         try:
-            if how in ("platform", "platform_fast"):
+            if how == "platform":
                 frame, _ = load_frame(spec, src.parent)
                 manifest = build_shards(
                     frame, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
@@ -195,7 +189,6 @@ def _train_state(hidden: int, layers: int):
 def checkpoint(a: dict) -> dict:
     import torch
 
-    from benchmarks.proposed import checkpoint as proposed
     from training_runtime import checkpoint as ckpt
 
     state = _train_state(a["hidden"], a["layers"])
@@ -206,10 +199,12 @@ def checkpoint(a: dict) -> dict:
     root = Path(a["dir"])
     root.mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {k: [] for k in (
-        "torch_save", "torch_save_fsync", "sync", "sync_proposed", "sync_stall", "async_stall",
-        "async_proposed_stall")}
-    staged = proposed.StagedCheckpointWriter(str(root / "async_proposed"), keep_last=1, async_save=True)
-    order = ["torch_save", "torch_save_fsync", "sync", "sync_proposed", "sync_writer", "async", "async_proposed"]
+        "torch_save", "torch_save_fsync", "sync", "sync_stall", "async_stall")}
+    # one writer per mode for the whole run, as the trainer keeps one: the async writer's host
+    # staging copy is allocated by its first save and reused by the later ones
+    writers = {"sync_writer": ckpt.CheckpointWriter(str(root / "sync_writer"), keep_last=1, async_save=False),
+               "async": ckpt.CheckpointWriter(str(root / "async"), keep_last=1, async_save=True)}
+    order = ["torch_save", "torch_save_fsync", "sync", "sync_writer", "async"]
     for rep in range(a["reps"]):
         state["step"] = rep
         for what in order[rep % len(order):] + order[:rep % len(order)]:
@@ -229,23 +224,21 @@ def checkpoint(a: dict) -> dict:
             elif what == "sync":
                 ckpt.write_checkpoint(root / "sync", rep, state)
                 times[what].append(time.perf_counter() - t)
-            elif what == "sync_proposed":
-                proposed.write_checkpoint_streaming(root / "sync_proposed", rep, state)
-                times[what].append(time.perf_counter() - t)
-            elif what == "async_proposed":
-                staged.save(rep, state)
-                times["async_proposed_stall"].append(time.perf_counter() - t)
-                staged.wait()
             else:
-                w = ckpt.CheckpointWriter(str(root / what), keep_last=1, async_save=what == "async")
-                # what Trainer._save does on rank 0 once the state dicts are gathered
-                w.save(rep, ckpt.copy_to_cpu(state) if what == "async" else state)
+                # what Trainer._save does on rank 0 once the state dicts are gathered: the state
+                # as it is (the async writer stages its own host copy), then training goes on
+                w = writers[what]
+                w.save(rep, state)
                 times["async_stall" if what == "async" else "sync_stall"].append(time.perf_counter() - t)
                 w.wait()
-    # the proposed files are valid runtime checkpoints holding the same tensors
-    found = ckpt.find_latest_valid(root / "sync_proposed")
-    same = found is not None and all(torch.equal(found[1]["model"][k], v) for k, v in state["model"].items())
-    return {"state_bytes": nbytes, "times": times, "proposed_checkpoint_loads": same}
+
+    def holds_state(directory: Path) -> bool:  # the newest checkpoint verifies, loads, holds the same tensors
+        found = ckpt.find_latest_valid(directory)
+        return (found is not None and found[1]["step"] == state["step"]
+                and all(torch.equal(found[1]["model"][k], v) for k, v in state["model"].items()))
+
+    return {"state_bytes": nbytes, "times": times, "checkpoint_loads": holds_state(root / "sync"),
+            "async_checkpoint_loads": holds_state(root / "async")}
 
 
 # ---------------------------------------------------------------- loading (growth)

@@ -67,7 +67,7 @@ def ensure_peers(ctx: Ctx) -> None:
 
 # ---------------------------------------------------------------- 1. loader throughput
 def bench_gather(ctx: Ctx) -> dict:
-    """The runtime's loader before/after 363bf0b and with the proposed gather, against the
+    """The runtime's loader, and its gather as before 363bf0b (benchmarks/baselines), against the
     memory-read limit, without the peers (a quicker re-run of that part of figure 1)."""
     return bench_loaders(ctx, peers=False)
 
@@ -82,7 +82,7 @@ def bench_loaders(ctx: Ctx, peers: bool = True) -> dict:
         man = datagen.shard_dataset(data, rows=rows, dim=dim, samples_per_shard=512 if dim == 1024 else 64)
         n = man["splits"]["train"]["num_samples"]
         entry: dict = {"train_samples": n, "train_bytes": n * (dim * 4 + 8), "runs": {}, "errors": {}}
-        loaders = ["memmap", "ours", "ours_before", "ours_proposed"]
+        loaders = ["memmap", "ours", "ours_before"]
         if not peers:
             pass
         elif ctx.peer_problem is None:
@@ -149,16 +149,15 @@ def bench_preprocess(ctx: Ctx) -> dict:
     src = datagen.csv_source(ctx.data / "csv" / f"pre_{ctx.size}.csv", rows=p["pre_rows"], dim=p["pre_dim"])
     runs: dict[str, list[dict]] = {}
     for rep in range(p["reps"]):
-        for how in rotate(["platform", "pyarrow", "platform_fast", "chunked"], rep):
+        for how in rotate(["platform", "pyarrow", "chunked"], rep):
             runs.setdefault(how, []).append(ctx.probe("preprocess", {
                 "source": str(src), "dim": p["pre_dim"], "samples_per_shard": 4096, "how": how,
                 "chunk_rows": p["chunk_rows"], "tmp": str(ctx.data)}))
     mbps = {k: median([r["mb_per_s"] for r in v]) for k, v in runs.items()}
     return {"source_bytes": src.stat().st_size, "rows": p["pre_rows"], "features": p["pre_dim"],
             "median_mb_per_s": mbps, "platform_vs_pyarrow": mbps["platform"] / mbps["pyarrow"],
-            "platform_fast_vs_pyarrow": mbps["platform_fast"] / mbps["pyarrow"],
             "chunked_vs_pyarrow": mbps["chunked"] / mbps["pyarrow"],
-            "same_shards": len({r["digest"] for k in ("platform", "platform_fast", "chunked") for r in runs[k]}) == 1,
+            "same_shards": len({r["digest"] for k in ("platform", "chunked") for r in runs[k]}) == 1,
             "runs": runs}
 
 
@@ -169,12 +168,11 @@ def bench_checkpoint(ctx: Ctx) -> dict:
                                      "reps": ctx.p["ckpt_reps"]})
     t = {k: median(v) for k, v in r["times"].items()}
     return {"state_bytes": r["state_bytes"], "median_s": t, "times": r["times"],
-            "proposed_checkpoint_loads": r["proposed_checkpoint_loads"],
+            "checkpoint_loads": r["checkpoint_loads"], "async_checkpoint_loads": r["async_checkpoint_loads"],
             "sync_vs_torch_save": t["torch_save"] / t["sync"],
-            "sync_proposed_vs_torch_save": t["torch_save"] / t["sync_proposed"],
+            "sync_vs_torch_save_fsync": t["torch_save_fsync"] / t["sync"],
             "torch_save_fsync_vs_torch_save": t["torch_save"] / t["torch_save_fsync"],
-            "async_stall_vs_sync": t["async_stall"] / t["sync_stall"],
-            "async_proposed_stall_vs_sync": t["async_proposed_stall"] / t["sync_stall"]}
+            "async_stall_vs_sync": t["async_stall"] / t["sync_stall"]}
 
 
 # ---------------------------------------------------------------- 5. scaling
@@ -297,7 +295,7 @@ def table(results: dict) -> str:
             vs = e.get("vs_memory_read_limit", {})
             med = e.get("median_samples_per_s", {})
             side = "; ".join([f"{k} {_f(med.get(k), '{:,.0f}')}/s ({_f(vs.get(k))}×)"
-                              for k in ["memmap", "ours", "ours_before", "ours_proposed", *PEERS]
+                              for k in ["memmap", "ours", "ours_before", *PEERS]
                               if k in med] + [f"{k}: not measured ({v[:120]})" for k, v in e["errors"].items()])
             ours = vs.get("ours")
             add(f"1{'' if key == 'loaders' else 'b'}. loader throughput{'' if key == 'loaders' else ' (gather re-run)'}, "
@@ -318,23 +316,23 @@ def table(results: dict) -> str:
         m = s["median_mb_per_s"]
         add(f"3. preprocessing, CSV → shards ({s['source_bytes'] / 2**20:.0f} MB CSV)",
             f"platform {_f(s['platform_vs_pyarrow'])}× pyarrow+numpy",
-            f"platform {_f(m['platform'])} MB/s; pyarrow+numpy {_f(m['pyarrow'])} MB/s; proposed fast "
-            f"validation {_f(m['platform_fast'])} MB/s ({_f(s['platform_fast_vs_pyarrow'])}×); proposed chunked "
-            f"{_f(m['chunked'])} MB/s ({_f(s['chunked_vs_pyarrow'])}×); same shards: {s['same_shards']}",
+            f"platform {_f(m['platform'])} MB/s; pyarrow+numpy {_f(m['pyarrow'])} MB/s; proposed chunked "
+            f"{_f(m.get('chunked'))} MB/s ({_f(s.get('chunked_vs_pyarrow'))}×); same shards: {s['same_shards']}",
             "≥ 0.5×", s["platform_vs_pyarrow"] >= 0.5)
     if "checkpoint" in b and "error" not in b["checkpoint"]:
         s = b["checkpoint"]
         t = s["median_s"]
+        fsync_ratio = t["torch_save_fsync"] / t["sync"] if "torch_save_fsync" in t else None
         add(f"4a. checkpoint, sync save ({s['state_bytes'] / 2**20:.0f} MB state)",
             f"{_f(s['sync_vs_torch_save'])}× torch.save speed",
             f"torch.save {t['torch_save']:.3f} s; torch.save + fsync {_f(t.get('torch_save_fsync'), '{:.3f}')} s "
-            f"({_f(s.get('torch_save_fsync_vs_torch_save'))}×); runtime write_checkpoint {t['sync']:.3f} s; proposed "
-            f"streaming write {t['sync_proposed']:.3f} s ({_f(s['sync_proposed_vs_torch_save'])}×)", "≥ 0.8×",
+            f"({_f(s.get('torch_save_fsync_vs_torch_save'))}×); runtime write_checkpoint {t['sync']:.3f} s "
+            f"({_f(s['sync_vs_torch_save'])}× torch.save, "
+            f"{_f(s.get('sync_vs_torch_save_fsync', fsync_ratio))}× torch.save + fsync)", "≥ 0.8×",
             s["sync_vs_torch_save"] >= 0.8)
         add("4b. checkpoint, async training stall", f"{_f(s['async_stall_vs_sync'], '{:.3f}')}× sync stall",
-            f"async {t['async_stall']:.3f} s; sync {t['sync_stall']:.3f} s; proposed staged async "
-            f"{t['async_proposed_stall']:.3f} s ({_f(s['async_proposed_stall_vs_sync'], '{:.3f}')}×)", "≤ 0.1×",
-            s["async_stall_vs_sync"] <= 0.1)
+            f"async {t['async_stall']:.3f} s; sync {t['sync_stall']:.3f} s (one writer per mode across saves, "
+            f"as in training)", "≤ 0.1×", s["async_stall_vs_sync"] <= 0.1)
     if "scaling" in b and "error" not in b["scaling"]:
         s = b["scaling"]
         m = s["median_samples_per_s"]
