@@ -315,10 +315,15 @@ class Trainer:
     def _close_interval(self, iv: _Interval, step: int, epoch: int, lr: float) -> None:
         """Collective: average the loss, gather per-rank timings, record history, report."""
         info, cfg, totals = self.info, self.cfg, self.totals
-        red = torch.stack([iv.loss, torch.tensor(float(iv.steps), device=info.device)])
-        dist.all_reduce(red)
-        loss = (red[0] / red[1]).item()
-        ranks = all_gather_object((iv.time_s, iv.wait_s))
+        # One all_gather of [loss sum, steps, time, wait] per rank: a collective's latency, not
+        # the three (all_reduce, then all_gather_object's size and payload exchanges) it was.
+        mine = torch.cat([iv.loss.detach().double().reshape(1),
+                          torch.tensor([iv.steps, iv.time_s, iv.wait_s], dtype=torch.float64, device=info.device)])
+        gathered = [torch.empty_like(mine) for _ in range(info.world_size)]
+        dist.all_gather(gathered, mine)
+        per_rank = torch.stack(gathered).cpu().tolist()
+        loss = sum(r[0] for r in per_rank) / sum(r[1] for r in per_rank)
+        ranks = [(r[2], r[3]) for r in per_rank]
         times = [t for t, _ in ranks]
         mean_time = sum(times) / len(times)
         totals.samples += iv.samples

@@ -139,6 +139,18 @@ def test_unreachable_endpoint_names_it(tmp_path: Path):
         store.list_branches()
 
 
+def test_retries_span_at_least_half_the_exponential_schedule():
+    """Equal jitter: whatever the random draws, five attempts wait at least 0.25+0.5+1+2 s
+    (a store restart of a few seconds is ridden out) and at most twice that."""
+    store = LakeFSVersionedStore("http://127.0.0.1:1", "key", PLANTED_SECRET, "repo-x")
+    for _ in range(200):
+        delays = [store._backoff(a) for a in range(1, store.max_attempts)]
+        assert all(0.5 * 2 ** (a - 1) / 2 <= d <= 0.5 * 2 ** (a - 1) for a, d in enumerate(delays, 1))
+        assert 3.75 <= sum(delays) <= 7.5
+    capped = LakeFSVersionedStore("http://127.0.0.1:1", "key", PLANTED_SECRET, "repo-x", max_backoff_s=1.0)
+    assert 0.5 <= capped._backoff(9) <= 1.0
+
+
 def test_a_missing_repository_without_namespace_says_what_to_pass(lakefs_server):
     store = make_lakefs_store(lakefs_server)
     store.storage_namespace = None
