@@ -1,7 +1,9 @@
 """Entry point: ``torchrun --nproc-per-node=N -m training_runtime --config /abs/config.json``.
 
 Test hook: ``TRAINING_RUNTIME_FAULT_KILL_AT_STEP=RANK:STEP`` makes rank RANK SIGKILL itself after
-optimizer step STEP on the first attempt (to exercise ``torchrun --max-restarts``). It is read only
+optimizer step STEP on the first attempt (to exercise ``torchrun --max-restarts``);
+``RANK:STEP:checkpoint`` kills it inside the write of checkpoint STEP instead, after the state file
+is on disk and before the checkpoint is published (rank 0 writes checkpoints). It is read only
 here and handed to the trainer.
 """
 
@@ -28,10 +30,11 @@ def _fault_from_env() -> FaultInjection | None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return None
-    rank, _, step = spec.partition(":")
-    if not (rank.isdigit() and step.isdigit()):
-        raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP', got {spec!r}")
-    return FaultInjection(rank=int(rank), step=int(step))
+    rank, _, rest = spec.partition(":")
+    step, _, where = rest.partition(":")
+    if not (rank.isdigit() and step.isdigit()) or where not in ("", "checkpoint"):
+        raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP' or 'RANK:STEP:checkpoint', got {spec!r}")
+    return FaultInjection(rank=int(rank), step=int(step), in_checkpoint_write=where == "checkpoint")
 
 
 def _load_config(path: str) -> RunConfig:

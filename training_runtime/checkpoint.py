@@ -19,7 +19,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -156,8 +156,11 @@ def copy_into(staging: Any, obj: Any) -> Any:
     return obj
 
 
-def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any]) -> Path:
-    """Write ``state`` as checkpoint ``step`` atomically; returns its directory."""
+def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any],
+                     before_publish: Callable[[int], None] | None = None) -> Path:
+    """Write ``state`` as checkpoint ``step`` atomically; returns its directory.
+    ``before_publish(step)`` runs once the state file is on disk, before the manifest and the
+    rename that publish it (the fault-injection tests kill the process there)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
@@ -170,6 +173,8 @@ def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any]) 
         torch.save(state, hashed)
         f.flush()
         os.fsync(f.fileno())
+    if before_publish is not None:
+        before_publish(step)
     manifest = {"format": FORMAT, "step": step, "created_unix": time.time(),
                 "files": {STATE_FILE: {"sha256": hashed.sha256.hexdigest(), "num_bytes": hashed.num_bytes}}}
     write_bytes_durable(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2).encode())
@@ -251,8 +256,10 @@ class CheckpointWriter:
     reused from save to save (the previous write has finished by then) and one background thread
     writes it; a new save first waits for the previous write. Errors surface on the next call."""
 
-    def __init__(self, root: str, keep_last: int, async_save: bool):
+    def __init__(self, root: str, keep_last: int, async_save: bool,
+                 before_publish: Callable[[int], None] | None = None):
         self.root = root
+        self.before_publish = before_publish
         self.keep_last = keep_last
         self.async_save = async_save
         self._thread: threading.Thread | None = None
@@ -262,7 +269,7 @@ class CheckpointWriter:
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
         try:
-            self.last_path = write_checkpoint(self.root, step, state)
+            self.last_path = write_checkpoint(self.root, step, state, self.before_publish)
             prune(self.root, self.keep_last)
         except BaseException as e:
             self._error = e

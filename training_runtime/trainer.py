@@ -38,10 +38,16 @@ _RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches", 
 @dataclass(frozen=True)
 class FaultInjection:
     """Test hook: rank ``rank`` SIGKILLs itself right after optimizer step ``step`` on the first
-    attempt (TORCHELASTIC_RESTART_COUNT 0), so a restarted attempt runs through."""
+    attempt (TORCHELASTIC_RESTART_COUNT 0), so a restarted attempt runs through. With
+    ``in_checkpoint_write`` the kill comes inside the write of checkpoint ``step`` instead: the
+    state file is on disk, the checkpoint is not yet published."""
 
     rank: int
     step: int
+    in_checkpoint_write: bool = False
+
+    def kill_mid_step(self, rank: int, step: int, restart_count: int) -> bool:
+        return not self.in_checkpoint_write and restart_count == 0 and rank == self.rank and step == self.step
 
 
 def make_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -159,6 +165,17 @@ class Trainer:
             self.optimizer, lambda s: lr_multiplier(t.lr_schedule, t.warmup_steps, self.total_steps, s))
 
     # ------------------------------------------------------------ checkpoints
+    def _checkpoint_fault(self):
+        """The fault hook's callback for ``write_checkpoint`` (None without an in-write fault)."""
+        f = self.fault
+        if not (f and f.in_checkpoint_write and self.restart_count == 0 and self.info.rank == f.rank):
+            return None
+
+        def kill_if_due(step: int) -> None:
+            if step == f.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return kill_if_due
+
     def _save(self, step: int) -> float:
         """Collective. Returns the time training stood still for this save."""
         t0 = time.perf_counter()
@@ -249,7 +266,7 @@ class Trainer:
         self.lr_history: list[tuple[int, float]] = []
         self.totals = RunTotals.empty(info.world_size)
         self.writer = ckpt.CheckpointWriter(cfg.checkpoint.dir, cfg.checkpoint.keep_last,
-                                            cfg.checkpoint.async_save)
+                                            cfg.checkpoint.async_save, before_publish=self._checkpoint_fault())
         resumed = self._resume()
         step = resumed or 0
         self.last_saved_step = resumed
@@ -279,8 +296,7 @@ class Trainer:
                 now = time.perf_counter()
                 iv.add(now - t_prev, loader.wait_s - seen_wait, len(batch.x) * info.world_size)
                 t_prev, seen_wait = now, loader.wait_s
-                if self.fault and self.restart_count == 0 and info.rank == self.fault.rank \
-                        and step == self.fault.step:
+                if self.fault and self.fault.kill_mid_step(info.rank, step, self.restart_count):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self._is_boundary(step):
                     self._close_interval(iv, step, epoch, lr)

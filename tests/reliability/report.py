@@ -27,10 +27,22 @@ def render(ledger: dict, command: str) -> str:
                      f"{'; '.join(row['notes'])} |")
     lines += [
         "",
-        "*Nothing lost* means: for training faults, no temporary or half-written checkpoint left and every "
-        "remaining checkpoint verifies against its sha256 manifest; for disk-full cases, the previous "
-        "checkpoint still loads and no partial one is listed; for store cases, `main` unchanged or fully "
-        "published.",
+        "*Nothing lost* means, per kind of class:",
+        "",
+        "- **worker SIGKILL**: no temporary or half-written checkpoint directory is left, every remaining "
+        "checkpoint verifies against its sha256 manifest, and the resumed run ends with the same weights as "
+        "an uninterrupted one;",
+        "- **run worker SIGKILL**: the instance is consistent: the killed run is marked failed and its "
+        "automatic retry ends in success, resuming from the killed run's last checkpoint;",
+        "- **store and S3 outages**: `main` is unchanged or holds only complete versions (lineage record and "
+        "weights); for S3, objects written before the outage read back intact after the restart, and a run "
+        "that failed succeeds when run again;",
+        "- **disk full**: the previous checkpoint still loads and no partial checkpoint or shard set is "
+        "listed;",
+        "- **load**: every queued run finished, never above the GPU capacity; every new-data commit burst "
+        "ended with the newest commit trained; the GraphQL readers saw no error;",
+        "- **bad input and security**: refused before anything was written (the store stays clean), or "
+        "nothing to lose (pure validation).",
         "",
     ]
     return "\n".join(lines)
