@@ -24,20 +24,30 @@ _CHECKPOINT_SCRIPT = textwrap.dedent("""
 """)
 
 _SHARDS_SCRIPT = textwrap.dedent("""
-    import resource, signal, sys
+    # What the shards asset does: build into a temporary directory, then replace the prefix on the
+    # run branch. A previous shard set is committed on the branch before the quota is set.
+    import json, resource, signal, sys, tempfile
     import numpy as np, pandas as pd
     from pathlib import Path
+    from assets.pipeline import _replace_prefix
     from assets.sharding import build_shards
-    out = Path(sys.argv[1]); limit = int(sys.argv[2])
+    from resources.store.local import LocalVersionedStore
+    root = Path(sys.argv[1]); limit = int(sys.argv[2])
+    store = LocalVersionedStore(root / "store", "repo"); store.ensure_repository()
+    store.create_branch("run-1", exist_ok=True)
+    store.put_object("run-1", "shards/manifest.json", json.dumps({"previous": True}).encode())
+    store.commit("run-1", "previous shards")
     n = 4000
     frame = pd.DataFrame(np.random.default_rng(0).normal(size=(n, 64)).astype("float32"),
                          columns=[f"f{i}" for i in range(64)])
     frame["y"] = [str(i % 3) for i in range(n)]; frame["id"] = [f"r{i}" for i in range(n)]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    build_shards(frame, out_dir=out, feature_columns=tuple(f"f{i}" for i in range(64)), label_column="y",
-                 class_names=("0", "1", "2"), id_column="id", feature_shape=(64,), seed=0,
-                 fractions=(0.8, 0.1, 0.1), samples_per_shard=2048)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        manifest = build_shards(frame, out_dir=Path(tmp), feature_columns=tuple(f"f{i}" for i in range(64)),
+                                label_column="y", class_names=("0", "1", "2"), id_column="id",
+                                feature_shape=(64,), seed=0, fractions=(0.8, 0.1, 0.1), samples_per_shard=2048)
+        _replace_prefix(store, "run-1", "shards/", Path(tmp), manifest)
 """)
 
 
@@ -62,10 +72,17 @@ def test_disk_full_while_writing_a_checkpoint(tmp_path, ledger, case):
 
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_disk_full_while_writing_shards(tmp_path, ledger, case):
-    limit = 100_000 + 50_000 * case
-    done = _run(_SHARDS_SCRIPT, str(tmp_path / "shards"), str(limit))
+    from resources.store.local import LocalVersionedStore
+
+    # The largest shard file is 2,048 x 264 bytes = 540,672: every quota here cuts one of them.
+    limit = 100_000 + 40_000 * case
+    done = _run(_SHARDS_SCRIPT, str(tmp_path), str(limit))
     refused = done.returncode != 0 and "File too large" in done.stderr
-    # The shards asset writes into a temporary directory and stages nothing when building fails,
-    # so a failed build can never reach the store.
-    ledger.record("fault: disk full during shard write", refused, refused, "RLIMIT_FSIZE quota")
+    store = LocalVersionedStore(tmp_path / "store", "repo")
+    nothing_lost = (not store.has_uncommitted_changes("run-1")
+                    and store.get_object("run-1", "shards/manifest.json") == b'{"previous": true}'
+                    and not [p for p in tmp_path.iterdir() if p.name.startswith("tmp")])
+    ledger.record("fault: disk full during shard write", refused, nothing_lost,
+                  "RLIMIT_FSIZE quota; the branch keeps its previous shard set")
     assert refused, done.stderr[-2000:]
+    assert nothing_lost
