@@ -9,13 +9,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-def render(ledger: dict, command: str) -> str:
+def merge(ledger: dict, reruns: list[tuple[dict, str]]) -> tuple[dict, list[str]]:
+    """Replace the classes a re-run covered; say which rows came from which command."""
+    classes = dict(ledger["classes"])
+    said = []
+    for rerun, command in reruns:
+        classes.update(rerun["classes"])
+        said.append(f"Re-run after a fix, replacing the rows {', '.join(repr(c) for c in rerun['classes'])}: "
+                    f"`{command}`.")
+    return {**ledger, "classes": dict(sorted(classes.items()))}, said
+
+
+def render(ledger: dict, command: str, reruns: list[str] = ()) -> str:
     lines = [
         "# Reliability",
         "",
         f"Written by `{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()} machine with Python {platform.python_version()}; "
         f"{'full run' if ledger['full'] else 'sample run (make test size)'}.",
+        *(["", *reruns] if reruns else []),
         "",
         "| class | cases tried | survived or refused correctly | nothing lost | how |",
         "| --- | ---: | ---: | ---: | --- |",
@@ -49,5 +61,8 @@ def render(ledger: dict, command: str) -> str:
 
 
 if __name__ == "__main__":
-    ledger_path, out_path, command = sys.argv[1], sys.argv[2], sys.argv[3]
-    Path(out_path).write_text(render(json.loads(Path(ledger_path).read_text()), command))
+    # report.py LEDGER OUT.md COMMAND [RERUN_LEDGER RERUN_COMMAND ...]
+    ledger_path, out_path, command, *rest = sys.argv[1:]
+    pairs = [(json.loads(Path(rest[i]).read_text()), rest[i + 1]) for i in range(0, len(rest), 2)]
+    merged, said = merge(json.loads(Path(ledger_path).read_text()), pairs)
+    Path(out_path).write_text(render(merged, command, said))

@@ -3,6 +3,7 @@ import copy
 import pytest
 
 from training_runtime.config import ConfigError, RunConfig
+from training_runtime.trainer import FaultInjection
 from tests.runtime.helpers import make_config, make_dataset
 
 
@@ -130,3 +131,25 @@ def test_model_is_checked_against_the_feature_shape(base):
     assert "cannot be built with model.kwargs {'depth': 2}" in _err(d)
     d["model"]["kwargs"] = {"bias": False}
     RunConfig.from_dict(d)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("1:7", FaultInjection(rank=1, step=7)),
+    ("0:12:checkpoint", FaultInjection(rank=0, step=12, in_checkpoint_write=True)),
+])
+def test_fault_hook_specs(monkeypatch, spec, expected):
+    from training_runtime.__main__ import FAULT_ENV, _fault_from_env
+
+    monkeypatch.setenv(FAULT_ENV, spec)
+    assert _fault_from_env() == expected
+    assert expected.kill_mid_step(expected.rank, expected.step, 0) is not expected.in_checkpoint_write
+    assert not expected.kill_mid_step(expected.rank, expected.step, 1)  # never on a restarted attempt
+
+
+@pytest.mark.parametrize("spec", ["1", "a:2", "1:2:optimizer", "1:2:checkpoint:x"])
+def test_malformed_fault_hook_specs_say_the_format(monkeypatch, spec):
+    from training_runtime.__main__ import FAULT_ENV, _fault_from_env
+
+    monkeypatch.setenv(FAULT_ENV, spec)
+    with pytest.raises(ConfigError, match="RANK:STEP"):
+        _fault_from_env()
