@@ -45,7 +45,7 @@ def _limit_data(extra_mb: float | None) -> int | None:
 def stall(a: dict) -> dict:
     import torch
 
-    from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
+    from training_runtime.data import PrefetchLoader, SplitData, chained_epochs, epoch_indices
 
     if a.get("before"):
         from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811
@@ -70,25 +70,31 @@ def stall(a: dict) -> dict:
     total = wait = first_wait = 0.0
     steps = 0
     t_end = time.perf_counter() + a["seconds"]
-    epoch = 0
-    while time.perf_counter() < t_end:
-        idx = epoch_indices(split.num_samples, 1, 0, epoch, 0)
-        loader = PrefetchLoader(split, idx, a["batch"], 0, torch.device("cpu"),
+
+    def make_loader(e: int, first: int):
+        idx = epoch_indices(split.num_samples, 1, 0, e, 0)
+        loader = PrefetchLoader(split, idx, a["batch"], first, torch.device("cpu"),
                                 num_workers=a["workers"], prefetch_batches=a["prefetch"])
         if a.get("before"):  # before 363bf0b batches kept sampler order
             loader.batches = [idx[i:i + a["batch"]] for i in range(0, len(idx), a["batch"])]
+        return loader
+
+    # Epochs chained as the trainer chains them: each epoch's loader starts the next one's.
+    per_epoch = math.ceil(split.num_samples / a["batch"])
+    for epoch, loader in chained_epochs(make_loader, 0, per_epoch, 10**9):
         t0 = time.perf_counter()
         for i, b in enumerate(loader):
-            if i == 0:  # what the epoch's start costs: threads started, first batch gathered
+            if i == 0:  # what the epoch's start costs: the first batch not yet gathered
                 first_wait += loader.wait_s
             compute(b.x)
             steps += 1
         total += time.perf_counter() - t0
         wait += loader.wait_s
-        epoch += 1
+        if time.perf_counter() >= t_end:
+            break
     return {"stall_share": wait / total, "wait_s": wait, "loop_s": total, "steps": steps,
             "first_batch_wait_s": first_wait, "first_batch_share_of_wait": first_wait / max(wait, 1e-12),
-            "epochs": epoch, "compute_step_s": step_s, "workers": a["workers"]}
+            "epochs": epoch + 1, "compute_step_s": step_s, "workers": a["workers"]}
 
 
 # ---------------------------------------------------------------- preprocessing

@@ -13,7 +13,6 @@ import argparse
 import datetime
 import json
 import math
-import shutil
 import subprocess
 import sys
 import tempfile

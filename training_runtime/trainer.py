@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from .config import ConfigError, RunConfig
-from .data import PrefetchLoader, SplitData, epoch_indices, resolve_shards, steps_per_epoch
+from .data import PrefetchLoader, SplitData, chained_epochs, epoch_indices, resolve_shards, steps_per_epoch
 from .distributed import (
     DistInfo, all_gather_object, broadcast_object, full_model_state, full_optimizer_state,
     load_full_state, raise_if_any_failed, wrap_model)
@@ -281,11 +281,15 @@ class Trainer:
         self.start_step = step
         attempt_steps = 0
         iv = _Interval(info.device)
-        while step < self.total_steps:
-            epoch, in_epoch = divmod(step, self.steps_per_epoch)
+
+        def make_loader(epoch: int, in_epoch: int) -> PrefetchLoader:
             idx = epoch_indices(self.num_samples, info.world_size, info.rank, epoch, cfg.train.seed)
-            loader = PrefetchLoader(data, idx, self.local_batch, in_epoch, info.device,
-                                    cfg.train.num_workers, cfg.train.prefetch_batches)
+            return PrefetchLoader(data, idx, self.local_batch, in_epoch, info.device,
+                                  cfg.train.num_workers, cfg.train.prefetch_batches)
+
+        for epoch, loader in chained_epochs(make_loader, step, self.steps_per_epoch, self.total_steps):
+            if step >= self.total_steps:
+                break
             seen_wait = 0.0
             t_prev = time.perf_counter()
             for batch in loader:
@@ -306,7 +310,8 @@ class Trainer:
                     t_prev = time.perf_counter()  # the stall is reported apart from step time
                 if step >= self.total_steps:
                     break
-            loader.close()
+            if step >= self.total_steps:
+                break
         if self.last_saved_step != step:
             self.totals.checkpoint_stall_s += self._save(step)
         if info.is_main:

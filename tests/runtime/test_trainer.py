@@ -22,7 +22,7 @@ def problem(tmp_path_factory):
 def _run(problem, info, name, **train):
     root, manifest, locations = problem
     d = make_config(root, manifest, locations, name=name, **train)
-    model = d.pop("_model", None)
+    d.pop("_model", None)
     cfg = RunConfig.from_dict(d)
     metrics = Trainer(cfg, info).run()
     return cfg, metrics, torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
