@@ -30,7 +30,7 @@ $(CHROMIUM):
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests -q
 
-# Every benchmark at full size (about 25 minutes); writes benchmarks/results.json and BENCHMARKS.md.
+# Every benchmark at full size (12-25 minutes); writes benchmarks/results.json and BENCHMARKS.md.
 # The peer loaders get their own virtual environment (benchmarks/.peers-venv), made on first use.
 bench: $(STAMP)
 	$(PY) -m benchmarks.run --size full
