@@ -23,6 +23,14 @@ def lakefs_store_resource(server, secret: str, repository: str = "platform-test"
         lakefs_storage_namespace=f"local://{repository}")
 
 
+def s3_credentials_in_env(monkeypatch, access_key_id: str, secret_access_key: str) -> None:
+    """Training workers read s3:// objects (the lakeFS gateway, or S3 itself) with credentials
+    from their environment only, as in a pod."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret_access_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
 def definitions(root: Path, store: VersionedStoreResource, artifacts: ArtifactStoreResource | None = None,
                 spec=None) -> dg.Definitions:
     spec = spec or small_digits()

@@ -13,7 +13,8 @@ import pytest
 
 from resources.platform import ArtifactStoreResource, VersionedStoreResource
 from tests.reliability.conftest import repeats
-from tests.reliability.platforms import definitions, lakefs_store_resource, published_whole_or_untouched, run_train
+from tests.reliability.platforms import (
+    definitions, lakefs_store_resource, published_whole_or_untouched, run_train, s3_credentials_in_env)
 from tests.support.lakefs_server import LakeFSTestServer
 from tests.support.seaweed import SeaweedServer
 
@@ -31,9 +32,7 @@ def _inject_later(server: LakeFSTestServer, delay_s: float, kind: str, count: in
 def lakefs(tmp_path, monkeypatch):
     with LakeFSTestServer(tmp_path / "lakefs", access_key_id="AKIAOUTAGE", secret_access_key=SECRET,
                           stall_s=5) as server:
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key_id)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        s3_credentials_in_env(monkeypatch, server.access_key_id, SECRET)
         yield server
 
 
@@ -111,9 +110,7 @@ def test_s3_server_stopped_mid_run_then_restarted(tmp_path, monkeypatch, seaweed
     objects written before the outage survive it, and a failed run succeeds when run again."""
     rng = random.Random(3000 + case)
     after_step, stays_down = 40 * rng.randint(1, 3), case % 2 == 1
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_access_key)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3_credentials_in_env(monkeypatch, seaweed.access_key_id, seaweed.secret_access_key)
     root = tmp_path / "platform"
     store_resource = VersionedStoreResource(kind="local", local_root=str(root / "store"))
     artifacts = ArtifactStoreResource(kind="s3", bucket=seaweed.bucket, prefix=f"case{case}",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from assets.registry import read_lineage
-from tests.reliability.platforms import definitions, lakefs_store_resource, run_train
+from tests.reliability.platforms import definitions, lakefs_store_resource, run_train, s3_credentials_in_env
 from tests.support.lakefs_server import LakeFSTestServer
 
 pytestmark = pytest.mark.slow
@@ -16,9 +16,7 @@ SECRET = "pinned-reads-secret"
 
 def test_training_reads_the_pinned_commit_while_main_moves(tmp_path, monkeypatch, ledger):
     with LakeFSTestServer(tmp_path / "lakefs", access_key_id="AKIAPINNED", secret_access_key=SECRET) as server:
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key_id)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        s3_credentials_in_env(monkeypatch, server.access_key_id, SECRET)
         store_resource = lakefs_store_resource(server, SECRET)
         defs = definitions(tmp_path / "platform", store_resource)
         home = tmp_path / "home"

@@ -11,7 +11,7 @@ import pytest
 
 from assets.lineage import commit_ids
 from assets.registry import read_lineage
-from tests.reliability.platforms import definitions, lakefs_store_resource, run_train
+from tests.reliability.platforms import definitions, lakefs_store_resource, run_train, s3_credentials_in_env
 from tests.support.lakefs_server import LakeFSTestServer
 
 pytestmark = pytest.mark.slow
@@ -21,9 +21,7 @@ def test_lakefs_pipeline_publishes_and_never_leaks_secrets(tmp_path, monkeypatch
     secret = "sk-" + secrets.token_hex(16)
     with LakeFSTestServer(tmp_path / "lakefs", access_key_id="AKIAPLATFORMTEST", secret_access_key=secret) as server:
         # Workers read s3:// shards through the gateway with credentials from the environment only.
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key_id)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        s3_credentials_in_env(monkeypatch, server.access_key_id, secret)
         store_resource = lakefs_store_resource(server, secret)
         defs = definitions(tmp_path / "platform", store_resource)
         result, errors, events = run_train(defs, tmp_path / "home")
