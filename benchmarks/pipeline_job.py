@@ -58,29 +58,26 @@ def main(argv: list[str] | None = None) -> int:
         if not result.success:
             errs = [e.event_specific_data.error.message.strip() for e in result.all_events if e.is_failure]
             raise SystemExit(f"pipeline run failed: {errs}")
-        first_step = steps = None
+        first_step = None
         step_times: dict[str, float] = {}
-        for entry in instance.all_logs(result.run_id):
+        training: dict[str, float] = {}
+        for entry in instance.all_logs(result.run_id):  # one pass over the run's event log
             msg = entry.user_message or ""
             if first_step is None and "starting at step" in msg:
                 first_step = entry.timestamp
             ev = entry.dagster_event
-            if ev is not None and ev.step_key and ev.event_type_value in ("STEP_START", "STEP_SUCCESS"):
+            if ev is None or not ev.step_key:
+                continue
+            if ev.event_type_value in ("STEP_START", "STEP_SUCCESS"):
                 step_times[f"{ev.step_key}:{ev.event_type_value}"] = entry.timestamp
-        for key in list(step_times):
-            if key.endswith("STEP_START") and key.replace("START", "SUCCESS") in step_times:
-                name = key.split(":")[0]
-                step_times[name] = step_times[key.replace("START", "SUCCESS")] - step_times[key]
-        steps = {k: v for k, v in step_times.items() if ":" not in k}
-        training: dict[str, float] = {}
-        for entry in instance.all_logs(result.run_id):
-            ev = entry.dagster_event
-            if ev is not None and ev.event_type_value == "ASSET_MATERIALIZATION" and \
-                    ev.step_key and ev.step_key.endswith("checkpoint"):
+            elif ev.event_type_value == "ASSET_MATERIALIZATION" and ev.step_key.endswith("checkpoint"):
                 meta = ev.event_specific_data.materialization.metadata
                 for key in ("samples_per_second", "steps", "checkpoint_stall_s_total", "data_wait_share"):
                     if key in meta:
                         training[key] = float(getattr(meta[key], "value", meta[key]))
+        steps = {key.split(":")[0]: step_times[key.replace("START", "SUCCESS")] - t
+                 for key, t in step_times.items()
+                 if key.endswith("STEP_START") and key.replace("START", "SUCCESS") in step_times}
     emit({"launched_at": a.launched_at, "process_started_at": T_PROCESS, "definitions_at": t_defs,
           "execute_at": t_exec, "done_at": t_done, "first_step_at": first_step, "step_seconds": steps,
           "training_figures": training,

@@ -305,7 +305,10 @@ def chained_epochs(make_loader: Callable[[int, int], PrefetchLoader], start_step
                    total_steps: int) -> Iterator[tuple[int, PrefetchLoader]]:
     """``(epoch, loader)`` from ``start_step``'s epoch on, ``make_loader(epoch, first_step_in_epoch)``
     building each; every loader starts the next one's gathering before its own epoch ends.
-    Loaders are closed when their epoch is done or the caller stops iterating."""
+    Loaders are closed when their epoch is done or the caller stops iterating; nothing is
+    yielded when ``start_step`` is already ``total_steps`` (a finished run resumed)."""
+    if start_step >= total_steps:
+        return
     epoch, in_epoch = divmod(start_step, steps_per_epoch)
     loader, upcoming = make_loader(epoch, in_epoch), None
     try:

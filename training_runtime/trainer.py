@@ -49,6 +49,9 @@ class FaultInjection:
     def kill_mid_step(self, rank: int, step: int, restart_count: int) -> bool:
         return not self.in_checkpoint_write and restart_count == 0 and rank == self.rank and step == self.step
 
+    def kill_in_checkpoint_write(self, rank: int, step: int, restart_count: int) -> bool:
+        return self.in_checkpoint_write and restart_count == 0 and rank == self.rank and step == self.step
+
 
 def make_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     t = cfg.train
@@ -167,12 +170,12 @@ class Trainer:
     # ------------------------------------------------------------ checkpoints
     def _checkpoint_fault(self):
         """The fault hook's callback for ``write_checkpoint`` (None without an in-write fault)."""
-        f = self.fault
-        if not (f and f.in_checkpoint_write and self.restart_count == 0 and self.info.rank == f.rank):
+        f, rank, restarts = self.fault, self.info.rank, self.restart_count
+        if not (f and f.in_checkpoint_write):
             return None
 
         def kill_if_due(step: int) -> None:
-            if step == f.step:
+            if f.kill_in_checkpoint_write(rank, step, restarts):
                 os.kill(os.getpid(), signal.SIGKILL)
         return kill_if_due
 
@@ -288,8 +291,6 @@ class Trainer:
                                   cfg.train.num_workers, cfg.train.prefetch_batches)
 
         for epoch, loader in chained_epochs(make_loader, step, self.steps_per_epoch, self.total_steps):
-            if step >= self.total_steps:
-                break
             seen_wait = 0.0
             t_prev = time.perf_counter()
             for batch in loader:

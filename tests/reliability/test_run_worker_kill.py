@@ -103,7 +103,7 @@ def _newest_checkpoint_step(ckpts: Path) -> int:
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_killed_run_worker_is_marked_failed_and_the_retry_resumes(deployment, ledger, case):
     rng = random.Random(case)
-    # A random point: after the k-th checkpoint (of 8 in the run), then up to ~30 steps more.
+    # A random point: after the k-th checkpoint (of 9 in the run), then up to ~30 steps more.
     after_checkpoints, extra_s = rng.randint(1, 5), rng.uniform(0.0, 0.3)  # 352 steps take ~3 s
     d = deployment
     run_id = d.client.submit_job_execution("digits_training")

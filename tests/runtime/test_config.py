@@ -143,7 +143,9 @@ def test_fault_hook_specs(monkeypatch, spec, expected):
     monkeypatch.setenv(FAULT_ENV, spec)
     assert _fault_from_env() == expected
     assert expected.kill_mid_step(expected.rank, expected.step, 0) is not expected.in_checkpoint_write
+    assert expected.kill_in_checkpoint_write(expected.rank, expected.step, 0) is expected.in_checkpoint_write
     assert not expected.kill_mid_step(expected.rank, expected.step, 1)  # never on a restarted attempt
+    assert not expected.kill_in_checkpoint_write(expected.rank, expected.step, 1)
 
 
 @pytest.mark.parametrize("spec", ["1", "a:2", "1:2:optimizer", "1:2:checkpoint:x"])

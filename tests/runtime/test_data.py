@@ -156,3 +156,11 @@ def test_gather_of_large_samples_takes_the_indexed_copy_path(tmp_path):
     x, y = data.gather(idx)
     np.testing.assert_array_equal(x, x_ref[idx])
     np.testing.assert_array_equal(y, y_ref[idx])
+
+
+def test_chained_epochs_yield_nothing_for_a_finished_run():
+    from training_runtime.data import chained_epochs
+
+    made = []
+    assert list(chained_epochs(lambda e, first: made.append(e), 27, 9, 27)) == []
+    assert made == []  # no loader is even built
