@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import ConfigError, RunConfig
 from .distributed import close_distributed, init_distributed
+from .error_file import AtomicErrorHandler
 from .telemetry import LogReporter
 from .trainer import FaultInjection, Trainer
 
@@ -49,7 +50,6 @@ def _load_config(path: str) -> RunConfig:
     return cfg
 
 
-@record
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training_runtime", description=__doc__)
     parser.add_argument("--config", required=True, help="absolute path of the run's config.json")
@@ -76,4 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record(main, error_handler=AtomicErrorHandler())())
