@@ -16,7 +16,7 @@ import dagster as dg
 
 from assets import ingest, quality
 from assets.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
-from assets.sharding import build_shards
+from assets.sharding import build_shards, sample_bytes
 from assets.source import SourceError, read_source, resolve_source_files, validate_frame
 from assets.spec import PipelineSpec
 from resources.store.base import MAIN
@@ -103,7 +103,7 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                     frame, out_dir=Path(tmp), feature_columns=spec.feature_columns, label_column=spec.label_column,
                     class_names=spec.class_names, id_column=spec.id_column, feature_shape=spec.shape,
                     seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test),
-                    samples_per_shard=spec.split.samples_per_shard)
+                    samples_per_shard=spec.split.shard_samples(sample_bytes(spec.shape)))
             except ValueError as exc:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc

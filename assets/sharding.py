@@ -56,6 +56,11 @@ class Normalisation:
         return {"mean": self.mean.tolist(), "std": self.std.tolist()}
 
 
+def sample_bytes(feature_shape: tuple[int, ...]) -> int:
+    """Bytes one sample takes in a shard: float32 features and an int64 label."""
+    return int(np.prod(feature_shape)) * 4 + 8
+
+
 def encode_shard(features: np.ndarray, labels: np.ndarray) -> bytes:
     """One shard's bytes in the layout above."""
     f = np.ascontiguousarray(features, dtype="<f4")

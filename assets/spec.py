@@ -78,11 +78,27 @@ class QualityGate:
 
 @dataclass(frozen=True, kw_only=True)
 class Split:
+    """How samples are split and cut into shard files.
+
+    Shards are sized in bytes by default (``shard_mb``, 64 MB like MosaicML streaming's MDS
+    writer): the loader gathers a shuffled batch with one copy per shard it touches, so a batch
+    of small samples spread over many small shards pays per-shard overhead for a handful of rows
+    each. ``samples_per_shard`` fixes the count instead (small datasets that should still span
+    several shards, tests).
+    """
+
     seed: int = 0
     train: float = 0.8
     validation: float = 0.1
     test: float = 0.1
-    samples_per_shard: int = 512
+    shard_mb: float = 64.0
+    samples_per_shard: int | None = None
+
+    def shard_samples(self, sample_bytes: int) -> int:
+        """Samples per shard for samples of ``sample_bytes`` bytes each (features and label)."""
+        if self.samples_per_shard is not None:
+            return self.samples_per_shard
+        return max(1, int(self.shard_mb * 2**20) // sample_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,8 +178,10 @@ class PipelineSpec:
         fractions = (self.split.train, self.split.validation, self.split.test)
         if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
             _fail(n, "split", f"train/validation/test fractions must be positive and sum to 1, got {fractions}")
-        if self.split.samples_per_shard < 1:
-            _fail(n, "split.samples_per_shard", "must be at least 1")
+        if self.split.samples_per_shard is not None and self.split.samples_per_shard < 1:
+            _fail(n, "split.samples_per_shard", "must be at least 1 (or None to size shards by split.shard_mb)")
+        if not self.split.shard_mb > 0:
+            _fail(n, "split.shard_mb", f"must be positive, got {self.split.shard_mb}")
         if self.feature_shape is not None:
             size = 1
             for d in self.feature_shape:

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from assets.sharding import build_shards, write_split_shards
+from assets.sharding import build_shards, sample_bytes, write_split_shards
+from assets.spec import Split
 
 NUM_CLASSES = 10
 
@@ -27,11 +28,18 @@ def _frame(rows: int, dim: int, seed: int) -> pd.DataFrame:
     return frame
 
 
+def platform_shard_samples(dim: int) -> int:
+    """Samples per shard the platform writes by default for ``dim`` float32 features."""
+    return Split().shard_samples(sample_bytes((dim,)))
+
+
 def shard_dataset(out: Path, *, rows: int, dim: int, samples_per_shard: int, seed: int = 0) -> dict:
     """A dataset directory ``out/shards`` written by ``build_shards`` (98 % of rows in train)."""
     manifest_path = out / "shards" / "manifest.json"
     if manifest_path.exists():
-        return json.loads(manifest_path.read_text())
+        cached = json.loads(manifest_path.read_text())
+        if cached["samples_per_shard"] == samples_per_shard:
+            return cached
     tmp = out / "shards.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     frame = _frame(rows, dim, seed)
@@ -50,7 +58,9 @@ def train_only_shards(out: Path, *, samples: int, dim: int, samples_per_shard: i
     building a DataFrame first would dominate); the manifest has the shape the runtime expects."""
     manifest_path = out / "shards" / "manifest.json"
     if manifest_path.exists():
-        return json.loads(manifest_path.read_text())
+        cached = json.loads(manifest_path.read_text())
+        if cached["samples_per_shard"] == samples_per_shard:
+            return cached
     tmp = out / "shards.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     rng = np.random.default_rng(seed)

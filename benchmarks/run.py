@@ -78,7 +78,7 @@ def bench_loaders(ctx: Ctx, peers: bool = True) -> dict:
     out: dict = {"batch": 256, "workers": 2, "seconds_per_measurement": p["loader_seconds"], "sizes": {}}
     for label, dim, rows in (("4KB", 1024, p["rows_4k"]), ("192KB", 49152, p["rows_192k"])):
         data = ctx.data / f"loader_{label}_{ctx.size}"
-        man = datagen.shard_dataset(data, rows=rows, dim=dim, samples_per_shard=512 if dim == 1024 else 64)
+        man = datagen.shard_dataset(data, rows=rows, dim=dim, samples_per_shard=datagen.platform_shard_samples(dim))
         n = man["splits"]["train"]["num_samples"]
         entry: dict = {"train_samples": n, "train_bytes": n * (dim * 4 + 8), "runs": {}, "errors": {}}
         loaders = ["memmap", "ours", "ours_before"]
@@ -121,11 +121,10 @@ def bench_loaders(ctx: Ctx, peers: bool = True) -> dict:
 
 # ---------------------------------------------------------------- 2. data stall
 def bench_stall(ctx: Ctx) -> dict:
-    data = ctx.data / f"loader_4KB_{ctx.size}"
-    if not (data / "shards" / "manifest.json").exists():
-        from benchmarks import datagen
+    from benchmarks import datagen
 
-        datagen.shard_dataset(data, rows=ctx.p["rows_4k"], dim=1024, samples_per_shard=512)
+    data = ctx.data / f"loader_4KB_{ctx.size}"
+    datagen.shard_dataset(data, rows=ctx.p["rows_4k"], dim=1024, samples_per_shard=datagen.platform_shard_samples(1024))
     runs: dict[str, list[dict]] = {"runtime": [], "before": [], "two_workers": []}
     for rep in range(ctx.p["reps"]):
         for which in rotate(list(runs), rep):
@@ -244,7 +243,8 @@ def bench_growth(ctx: Ctx) -> dict:
     load: dict[str, dict] = {}
     for f in factors:
         data = ctx.data / f"growth_load_{ctx.size}_{f}x"
-        datagen.train_only_shards(data, samples=p["growth_samples"] * f, dim=1024, samples_per_shard=512)
+        datagen.train_only_shards(data, samples=p["growth_samples"] * f, dim=1024,
+                                  samples_per_shard=datagen.platform_shard_samples(1024))
         load[str(f)] = ctx.probe("load", {"data": str(data), "epochs": 2})
     big = srcs[16]
     limited = {how: ctx.probe("preprocess", {

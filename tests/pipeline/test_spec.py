@@ -22,6 +22,8 @@ def _spec(**kw):
         ({"label_column": "a"}, "label_column"),
         ({"class_names": ("0",)}, "class_names"),
         ({"split": Split(train=0.5, validation=0.1, test=0.1)}, "split"),
+        ({"split": Split(samples_per_shard=0)}, "split.samples_per_shard"),
+        ({"split": Split(shard_mb=0)}, "split.shard_mb"),
         ({"feature_shape": (3,)}, "feature_shape"),
         ({"recipe": Recipe(epochs=0)}, "recipe.epochs"),
         ({"model": "no_such_model"}, "model"),
@@ -35,6 +37,17 @@ def test_invalid_definitions_name_pipeline_and_field(kw, field):
 
 def test_valid_spec_shape_defaults_to_feature_count():
     assert _spec().shape == (2,)
+
+
+def test_shards_are_sized_in_bytes_unless_a_count_is_given():
+    from assets.sharding import sample_bytes
+
+    four_kb = sample_bytes((1024,))  # 1,024 float32 features and an int64 label
+    assert four_kb == 4104
+    assert Split().shard_samples(four_kb) == 64 * 2**20 // four_kb == 16352
+    assert Split(shard_mb=1).shard_samples(four_kb) == 255
+    assert Split(shard_mb=0.001).shard_samples(four_kb) == 1  # a sample bigger than the target: one per shard
+    assert Split(samples_per_shard=64).shard_samples(four_kb) == 64
 
 
 def test_model_import_path_is_accepted_and_resolved_by_the_runtime():
