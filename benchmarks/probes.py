@@ -205,12 +205,12 @@ def checkpoint(a: dict) -> dict:
     root = Path(a["dir"])
     root.mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {k: [] for k in (
-        "torch_save", "torch_save_fsync", "sync", "sync_stall", "async_stall")}
+        "torch_save", "torch_save_fsync", "sync_durable", "sync_stall", "async_stall")}
     # one writer per mode for the whole run, as the trainer keeps one: the async writer's host
     # staging copy is allocated by its first save and reused by the later ones
     writers = {"sync_writer": ckpt.CheckpointWriter(str(root / "sync_writer"), keep_last=1, async_save=False),
                "async": ckpt.CheckpointWriter(str(root / "async"), keep_last=1, async_save=True)}
-    order = ["torch_save", "torch_save_fsync", "sync", "sync_writer", "async"]
+    order = ["torch_save", "torch_save_fsync", "sync_durable", "sync_writer", "async"]
     for rep in range(a["reps"]):
         state["step"] = rep
         for what in order[rep % len(order):] + order[:rep % len(order)]:
@@ -227,12 +227,14 @@ def checkpoint(a: dict) -> dict:
                 ckpt.fsync_dir(root)
                 times[what].append(time.perf_counter() - t)
                 (root / "plain.pt").unlink()
-            elif what == "sync":
-                ckpt.write_checkpoint(root / "sync", rep, state)
+            elif what == "sync_durable":  # published and fsynced before it returns
+                ckpt.write_checkpoint(root / "sync", rep, state, durable=True)
                 times[what].append(time.perf_counter() - t)
             else:
                 # what Trainer._save does on rank 0 once the state dicts are gathered: the state
-                # as it is (the async writer stages its own host copy), then training goes on
+                # as it is (the async writer stages its own host copy), then training goes on;
+                # the sync writer returns once the checkpoint is published (fsync and pruning
+                # go on in the background, and wait() below is outside the timing)
                 w = writers[what]
                 w.save(rep, state)
                 times["async_stall" if what == "async" else "sync_stall"].append(time.perf_counter() - t)

@@ -1,6 +1,8 @@
+import json
 import logging
 import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -46,7 +48,71 @@ def test_keep_last_prunes_oldest(tmp_path):
     writer = ckpt.CheckpointWriter(str(tmp_path), keep_last=2, async_save=False)
     for step in (1, 2, 3, 4):
         writer.save(step, _state(step))
+    writer.wait()
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [4, 3]
+
+
+def test_sync_save_returns_published_and_prunes_only_once_it_is_on_disk(tmp_path, monkeypatch):
+    writer = ckpt.CheckpointWriter(str(tmp_path), keep_last=1, async_save=False)
+    writer.save(1, _state(1))
+    writer.wait()
+    fsynced = threading.Event()
+    real = ckpt.make_durable
+
+    def slow_disk(path):
+        fsynced.wait(10)
+        real(path)
+
+    monkeypatch.setattr(ckpt, "make_durable", slow_disk)
+    writer.save(2, _state(2))
+    # Published (whole and verifiable) when save returns; the older one is kept until the fsync.
+    assert ckpt.find_latest_valid(tmp_path)[1]["step"] == 2
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 1]
+    fsynced.set()
+    writer.wait()
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2]
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_checkpoint_the_disk_did_not_take_is_unpublished_and_the_older_ones_stay(tmp_path, monkeypatch,
+                                                                                   async_save):
+    writer = ckpt.CheckpointWriter(str(tmp_path), keep_last=1, async_save=async_save)
+    writer.save(1, _state(1))
+    writer.wait()
+
+    def eio(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(ckpt, "make_durable", eio)
+    writer.save(2, _state(2))
+    with pytest.raises(RuntimeError, match="writing a checkpoint .* Input/output error"):
+        writer.wait()
+    assert [p.name for p in tmp_path.iterdir()] == ["step_000000001"]
+    assert ckpt.find_latest_valid(tmp_path)[1]["step"] == 1
+
+
+def test_the_streamed_hash_is_the_files_sha256(tmp_path):
+    import hashlib
+
+    state = {"step": 3, "model": {f"w{i}": torch.randn(257, 129) for i in range(20)}}
+    path = ckpt.write_checkpoint(tmp_path, 3, state, durable=False)
+    ckpt.make_durable(path)
+    data = (path / "state.pt").read_bytes()
+    meta = json.loads((path / "manifest.json").read_text())["files"]["state.pt"]
+    assert meta == {"sha256": hashlib.sha256(data).hexdigest(), "num_bytes": len(data)}
+    assert torch.equal(ckpt.load_state(path)["model"]["w7"], state["model"]["w7"])
+
+
+def test_a_failed_serialisation_leaves_no_checkpoint(tmp_path):
+    class Unpicklable:
+        def __reduce__(self):
+            raise TypeError("cannot pickle this")
+
+    with pytest.raises(TypeError, match="cannot pickle"):
+        ckpt.write_checkpoint(tmp_path, 1, {"step": 1, "w": torch.ones(1000), "bad": Unpicklable()})
+    assert ckpt.list_checkpoints(tmp_path) == []
+    ckpt.remove_stale_temporaries(tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_crash_before_rename_leaves_previous_checkpoints_intact(tmp_path, monkeypatch):
