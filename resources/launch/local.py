@@ -25,7 +25,7 @@ def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.exec
         python, "-m", "resources.launch.supervise", "--lock", str(lock), "--",
         python, "-m", "torch.distributed.run",
         "--standalone",
-        f"--nnodes=1",
+        "--nnodes=1",
         f"--nproc-per-node={job.nproc_per_node}",
         f"--max-restarts={job.max_restarts}",
         "-m", "training_runtime",

@@ -114,7 +114,7 @@ def validate_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
     bad = {k: type(v).__name__ for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)}
     if bad:
         raise StoreError(
-            f"commit metadata values must be strings; convert these first (e.g. json.dumps or str): "
+            "commit metadata values must be strings; convert these first (e.g. json.dumps or str): "
             + ", ".join(f"{k!r} ({t})" for k, t in sorted(bad.items(), key=lambda kv: str(kv[0])))
         )
     return dict(metadata)

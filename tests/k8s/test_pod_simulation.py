@@ -18,7 +18,7 @@ import dagster as dg
 import pytest
 import torch
 
-from resources.k8s.client import TrainingJobClient, TrainingJobFailed
+from resources.k8s.client import TrainingJobClient
 from resources.k8s.feasibility import InfeasibleGpuRequest, PodStuckPending
 from resources.k8s.launcher import run_training_job
 from resources.k8s.manifests import PodSettings

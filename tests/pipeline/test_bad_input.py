@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from assets.registry import list_versions
-from pipelines.models.digits import PIXELS, SOURCE_FILE, digits_pipeline, write_digits_source
+from pipelines.models.digits import PIXELS, digits_pipeline, write_digits_source
 from tests.pipeline.conftest import failure_messages
 
 
