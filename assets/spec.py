@@ -310,13 +310,13 @@ def _coerce(pipeline: str, field_name: str, cls: type, value: Any) -> Any:
 
 
 def _check_model_name(pipeline: str, model: str) -> None:
-    from training_runtime.models import REGISTRY  # plain PyTorch; no dagster
+    from training_runtime.model_names import BUILTIN_MODELS  # without importing torch
 
     if ":" in model:
         module, _, attr = model.partition(":")
         if not module or not attr:
             _fail(pipeline, "model", f"import path {model!r} must look like 'package.module:factory'")
         return
-    if model not in REGISTRY:
-        _fail(pipeline, "model", f"unknown model {model!r}; choose one of {sorted(REGISTRY)} "
+    if model not in BUILTIN_MODELS:
+        _fail(pipeline, "model", f"unknown model {model!r}; choose one of {list(BUILTIN_MODELS)} "
               "or give an import path 'package.module:factory'")

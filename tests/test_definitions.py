@@ -62,3 +62,14 @@ def test_kubernetes_profile_loads_with_the_charts_settings(monkeypatch, tmp_path
     resources = profile.resources()
     assert resources["store"].kind == "lakefs" and resources["artifacts"].kind == "s3"
     assert resources["launcher"].kind == "kubernetes"
+
+
+def test_loading_definitions_imports_neither_torch_nor_great_expectations(tmp_path):
+    # Every Dagster process (webserver, daemon, code server, run worker) loads them; torch alone
+    # takes seconds to import. Model names are checked against training_runtime.model_names.
+    probe = ("import sys, pipelines.definitions as d; d.defs.resolve_asset_graph(); "
+             "print(sorted(m for m in ('torch', 'great_expectations', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                         env={"DAGSTER_HOME": str(tmp_path), "PATH": str(Path(sys.executable).parent)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from .model_names import BUILTIN_MODELS
+
 
 class MLP(nn.Module):
     def __init__(self, input_shape: Sequence[int], num_classes: int,
@@ -100,6 +102,7 @@ class TransformerClassifier(nn.Module):
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP, "cnn": CNN, "transformer": TransformerClassifier,
 }
+assert sorted(REGISTRY) == list(BUILTIN_MODELS), "model_names.BUILTIN_MODELS must list REGISTRY's names"
 
 
 def resolve_factory(name: str) -> Callable[..., nn.Module]:

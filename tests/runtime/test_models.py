@@ -29,3 +29,10 @@ def test_errors_name_the_setting():
         build_model("tests.runtime.user_model:not_a_module", [4], 2)
     with pytest.raises(ValueError, match="d_model=10 must be divisible by nhead=4"):
         build_model("transformer", [64], 10, d_model=10)
+
+
+def test_the_torch_free_list_of_model_names_matches_the_registry():
+    from training_runtime.model_names import BUILTIN_MODELS
+    from training_runtime.models import REGISTRY
+
+    assert sorted(REGISTRY) == list(BUILTIN_MODELS)
