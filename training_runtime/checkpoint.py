@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import random
 import shutil
@@ -127,10 +128,10 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
 
 class _HashingWriter:
     """Write-only raw file for ``torch.save`` whose bytes are sha256-hashed by a second thread
-    reading them back behind the writer (from the page cache), so hashing overlaps the
-    serialisation instead of adding to it (sha256 of a 72 MB state took 0.05 s beside torch.save's
-    0.12 s here; hashlib and pread release the GIL). Reading the file back rather than hashing the
-    buffers ``write`` is handed keeps no reference to memory torch may reuse after the call."""
+    that maps them back behind the writer (from the page cache, without copying), so hashing
+    overlaps the serialisation instead of adding to it (sha256 of a 72 MB state takes 0.054 s,
+    torch.save 0.068 s here; hashlib releases the GIL). Reading the file back rather than hashing
+    the buffers ``write`` is handed keeps no reference to memory torch may reuse after the call."""
 
     def __init__(self, path: Path):
         self.f = open(path, "wb", buffering=0)
@@ -165,11 +166,13 @@ class _HashingWriter:
                         self._cond.wait()
                     end, closed = self.num_bytes, self._closed
                 while self._hashed < end:
-                    block = os.pread(fd, min(8 << 20, end - self._hashed), self._hashed)
-                    if not block:
-                        raise OSError(f"{self.f.name} shrank while it was being hashed")
-                    self._sha256.update(block)
-                    self._hashed += len(block)
+                    # Straight from the page cache through a map of the new bytes: no copy.
+                    start = self._hashed - self._hashed % mmap.ALLOCATIONGRANULARITY
+                    length = min(end, start + (16 << 20)) - start
+                    with mmap.mmap(fd, length, offset=start, access=mmap.ACCESS_READ) as m:
+                        with memoryview(m) as view:
+                            self._sha256.update(view[self._hashed - start:])
+                    self._hashed = start + length
                 if closed and self._hashed >= self.num_bytes:
                     return
         except BaseException as e:

@@ -94,7 +94,9 @@ def test_a_checkpoint_the_disk_did_not_take_is_unpublished_and_the_older_ones_st
 def test_the_streamed_hash_is_the_files_sha256(tmp_path):
     import hashlib
 
-    state = {"step": 3, "model": {f"w{i}": torch.randn(257, 129) for i in range(20)}}
+    # many small records and one that spans several of the hasher's 16 MB maps, at odd offsets
+    state = {"step": 3, "model": {f"w{i}": torch.randn(257, 129) for i in range(20)},
+             "big": torch.randn(9_000_001)}
     path = ckpt.write_checkpoint(tmp_path, 3, state, durable=False)
     ckpt.make_durable(path)
     data = (path / "state.pt").read_bytes()
