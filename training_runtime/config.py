@@ -83,7 +83,8 @@ class CheckpointConfig:
     every_steps: int = _doc("Save every N optimizer steps (and always at the end).", default=50)
     keep_last: int = _doc("Number of newest checkpoints kept.", default=3)
     async_save: bool = _doc(
-        "Copy state to host memory synchronously, write it in a background thread.", default=False
+        "Copy state to host memory synchronously, write it in a background thread (without it, "
+        "training waits until the checkpoint is published; its fsync runs in the background).", default=False
     )
 
 

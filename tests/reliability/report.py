@@ -33,10 +33,7 @@ def render(ledger: dict, command: str, reruns: list[str] = ()) -> str:
         "| --- | ---: | ---: | ---: | --- |",
     ]
     for cls, row in ledger["classes"].items():
-        pct = 100.0 * row["ok"] / row["tried"] if row["tried"] else 0.0
-        lost = 100.0 * row["nothing_lost"] / row["tried"] if row["tried"] else 0.0
-        lines.append(f"| {cls} | {row['tried']} | {row['ok']} ({pct:.0f} %) | {row['nothing_lost']} ({lost:.0f} %) | "
-                     f"{'; '.join(row['notes'])} |")
+        lines.append(_row(cls, row))
     lines += [
         "",
         "*Nothing lost* means, per kind of class:",
@@ -60,7 +57,40 @@ def render(ledger: dict, command: str, reruns: list[str] = ()) -> str:
     return "\n".join(lines)
 
 
+def _row(cls: str, row: dict) -> str:
+    pct = 100.0 * row["ok"] / row["tried"] if row["tried"] else 0.0
+    lost = 100.0 * row["nothing_lost"] / row["tried"] if row["tried"] else 0.0
+    return (f"| {cls} | {row['tried']} | {row['ok']} ({pct:.0f} %) | {row['nothing_lost']} ({lost:.0f} %) | "
+            f"{'; '.join(row['notes'])} |")
+
+
+def splice(report: str, rerun: dict, command: str, why: str) -> str:
+    """``report`` (a written RELIABILITY.md) with the rows of the classes ``rerun`` covered
+    replaced, and a line naming the re-run: for a re-run after the full run's ledger is gone."""
+    lines = report.split("\n")
+    table = [i for i, line in enumerate(lines)
+             if line.startswith("| ") and not line.startswith(("| class |", "| --- |"))]
+    rows = {lines[i][2:].split(" | ", 1)[0]: i for i in table}
+    for cls, row in rerun["classes"].items():
+        if cls in rows:
+            lines[rows[cls]] = _row(cls, row)
+        else:  # a class the full run did not have: keep the table sorted by class
+            after = max([i for c, i in rows.items() if c < cls], default=table[0] - 1)
+            lines.insert(after + 1, _row(cls, row))
+            rows = {c: (i + 1 if i > after else i) for c, i in rows.items()} | {cls: after + 1}
+    header = next(i for i, line in enumerate(lines) if line.startswith("| class |"))
+    names = ", ".join(repr(c) for c in rerun["classes"])
+    lines.insert(header - 1, f"Re-run after a change, replacing the rows {names}: `{command}` ({why}).")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--splice":
+        # report.py --splice REPORT.md RERUN_LEDGER COMMAND WHY
+        report_path, rerun_path, command, why = sys.argv[2:]
+        Path(report_path).write_text(splice(Path(report_path).read_text(),
+                                            json.loads(Path(rerun_path).read_text()), command, why))
+        sys.exit(0)
     # report.py LEDGER OUT.md COMMAND [RERUN_LEDGER RERUN_COMMAND ...]
     ledger_path, out_path, command, *rest = sys.argv[1:]
     pairs = [(json.loads(Path(rest[i]).read_text()), rest[i + 1]) for i in range(0, len(rest), 2)]
