@@ -22,8 +22,14 @@ def raw_tables(feature_columns, label_column: str, frame: pd.DataFrame) -> dict[
     (column, value) row, so one expectation covers all feature columns and still names the column
     that broke it; ``classes``: one row per label with its share."""
     present = [c for c in feature_columns if c in frame.columns]
-    features = (frame[present].melt(var_name="column", value_name="value") if present and len(frame) else
-                pd.DataFrame({"column": pd.Series(dtype=str), "value": pd.Series(dtype="float64")}))
+    if present and len(frame):
+        features = frame[present].melt(var_name="column", value_name="value")
+        # one small code per cell instead of the column's name: the table has rows x columns rows
+        # (melt stacks whole columns in order, so the codes are known without hashing the names)
+        features["column"] = pd.Categorical.from_codes(
+            np.repeat(np.arange(len(present), dtype=np.int32), len(frame)), categories=present)
+    else:
+        features = pd.DataFrame({"column": pd.Series(dtype=str), "value": pd.Series(dtype="float64")})
     if label_column in frame.columns and len(frame):
         labels = frame[label_column].dropna().map(label_text)
         counts = labels.value_counts()
