@@ -16,7 +16,7 @@ def test_tiny_harness_writes_results_and_table(tmp_path: Path) -> None:
     out, data = tmp_path / "out", tmp_path / "data"
     p = subprocess.run(
         [sys.executable, "-m", "benchmarks.run", "--size", "tiny", "--no-peers", "--only", "loaders",
-         "--only", "checkpoint", "--out", str(out), "--data-dir", str(data)],
+         "--only", "checkpoint", "--only", "scaling", "--out", str(out), "--data-dir", str(data)],
         cwd=REPO, capture_output=True, text=True, timeout=580)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -28,8 +28,11 @@ def test_tiny_harness_writes_results_and_table(tmp_path: Path) -> None:
         assert set(loaders[label]["errors"]) == {"streaming", "webdataset", "pandas"}  # peers skipped, said so
     ckpt = results["benchmarks"]["checkpoint"]
     assert ckpt["checkpoint_loads"] is True and ckpt["async_checkpoint_loads"] is True
-    assert ckpt["sync_vs_torch_save"] > 0 and ckpt["sync_vs_torch_save_fsync"] > 0
+    assert ckpt["sync_vs_torch_save"] > 0 and ckpt["durable_vs_torch_save_fsync"] > 0
     assert ckpt["async_stall_vs_sync"] > 0
+    scaling = results["benchmarks"]["scaling"]
+    assert set(scaling["median_samples_per_s"]) == {"1", "2", "2_independent"}
+    assert scaling["efficiency"] > 0 and scaling["independent_efficiency"] > 0
     table = (out / "BENCHMARKS.md").read_text()
     assert "<!-- results:begin -->" in table and "1. loader throughput, 4KB" in table
-    assert "4a. checkpoint" in table and "not measured (peers not run (--no-peers))" in table
+    assert "4a. checkpoint" in table and "two independent 1-rank runs" in table and "not measured (peers not run (--no-peers))" in table
