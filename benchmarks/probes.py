@@ -224,7 +224,7 @@ def checkpoint(a: dict) -> dict:
                     torch.save(state, f)
                     f.flush()
                     os.fsync(f.fileno())
-                ckpt.fsync_dir(root)
+                ckpt.fsync_path(root)
                 times[what].append(time.perf_counter() - t)
                 (root / "plain.pt").unlink()
             elif what == "sync_durable":  # published and fsynced before it returns

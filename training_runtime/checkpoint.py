@@ -2,10 +2,10 @@
 from the newest valid checkpoint.
 
 Layout: ``<dir>/step_000000050/{state.pt, manifest.json}``. A checkpoint is written into a hidden
-temporary directory, then renamed into place, so a reader sees a whole checkpoint or none; the
+temporary directory, then renamed into place, so a reader sees a whole checkpoint or none; its
 files and directories are fsynced before the rename (``write_checkpoint``) or, by the training
-loop's writer, in the background after it (see ``CheckpointWriter``). Only rank 0 writes; every rank reads the chosen
-checkpoint, so ``checkpoint.dir`` must be on storage all ranks share.
+loop's writer, in the background after it (see ``CheckpointWriter``). Only rank 0 writes; every
+rank reads the chosen checkpoint, so ``checkpoint.dir`` must be on storage all ranks share.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ MANIFEST_FILE = "manifest.json"
 
 
 # ---------------------------------------------------------------- atomic file helpers
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file, or a directory (which persists the names in it, e.g. a rename)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -56,7 +57,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     write_bytes_durable(tmp, data)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -241,40 +242,32 @@ def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any],
         raise
     sha256 = out.close()
     if durable:
-        _fsync_file(tmp / STATE_FILE)
+        fsync_path(tmp / STATE_FILE)
     if before_publish is not None:
         before_publish(step)
     manifest = {"format": FORMAT, "step": step, "created_unix": time.time(),
                 "files": {STATE_FILE: {"sha256": sha256, "num_bytes": out.num_bytes}}}
     (tmp / MANIFEST_FILE).write_bytes(json.dumps(manifest, indent=2).encode())
     if durable:
-        _fsync_file(tmp / MANIFEST_FILE)
-        fsync_dir(tmp)
+        fsync_path(tmp / MANIFEST_FILE)
+        fsync_path(tmp)
     if final.exists():  # the same step saved again after a restart: replace it
         trash = root / f".trash-{final.name}-{os.getpid()}"
         os.replace(final, trash)
         shutil.rmtree(trash, ignore_errors=True)
     os.replace(tmp, final)
     if durable:
-        fsync_dir(root)
+        fsync_path(root)
     return final
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def make_durable(path: Path) -> None:
     """fsync a checkpoint published with ``durable=False``: its files, its directory, and the
     parent that holds the rename. A failure here means the disk may not hold it."""
     for name in (STATE_FILE, MANIFEST_FILE):
-        _fsync_file(path / name)
-    fsync_dir(path)
-    fsync_dir(path.parent)
+        fsync_path(path / name)
+    fsync_path(path)
+    fsync_path(path.parent)
 
 
 def verify_checkpoint(path: Path) -> None:
@@ -357,12 +350,10 @@ class CheckpointWriter:
         self.async_save = async_save
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.last_path: Path | None = None
         self._staging: Any = None
 
     def _publish(self, step: int, state: dict[str, Any]) -> Path:
-        self.last_path = write_checkpoint(self.root, step, state, self.before_publish, durable=False)
-        return self.last_path
+        return write_checkpoint(self.root, step, state, self.before_publish, durable=False)
 
     def _settle(self, path: Path) -> None:
         try:
