@@ -252,13 +252,19 @@ def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any],
         fsync_path(tmp / MANIFEST_FILE)
         fsync_path(tmp)
     if final.exists():  # the same step saved again after a restart: replace it
-        trash = root / f".trash-{final.name}-{os.getpid()}"
-        os.replace(final, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        _discard(final)
     os.replace(tmp, final)
     if durable:
         fsync_path(root)
     return final
+
+
+def _discard(path: Path) -> None:
+    """Unpublish a checkpoint: renamed out of the listing first, so a crash mid-delete leaves
+    only a ``.trash-`` directory, which ``remove_stale_temporaries`` clears."""
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def make_durable(path: Path) -> None:
@@ -358,39 +364,34 @@ class CheckpointWriter:
     def _settle(self, path: Path) -> None:
         try:
             make_durable(path)
-        except BaseException as e:
-            # Not known to be on disk: unpublish it, so that nothing relies on it and the older
-            # checkpoints it would have replaced stay.
-            trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
-            os.replace(path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-            self._error = e
-            return
-        try:
-            prune(self.root, self.keep_last)
-        except BaseException as e:
-            self._error = e
-
-    def _write_in_background(self, step: int, state: dict[str, Any]) -> None:
-        try:
-            path = self._publish(step, state)
-        except BaseException as e:
-            self._error = e
-            return
-        self._settle(path)
+        except BaseException:
+            _discard(path)  # not known to be on disk: nothing may rely on it; the older ones stay
+            raise
+        prune(self.root, self.keep_last)
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         self.wait()
         if self.async_save:
-            self._staging = copy_into(self._staging, state)
-            target, args = self._write_in_background, (step, self._staging)
+            staged = self._staging = copy_into(self._staging, state)
+
+            def work() -> None:
+                self._settle(self._publish(step, staged))
         else:
             try:
                 path = self._publish(step, state)
             except BaseException as e:
                 raise RuntimeError(f"writing a checkpoint to {self.root} failed: {e}") from e
-            target, args = self._settle, (path,)
-        self._thread = threading.Thread(target=target, args=args, name=f"ckpt-writer-{step}", daemon=False)
+
+            def work() -> None:
+                self._settle(path)
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as e:  # raised by the next save or wait, on the training thread
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name=f"ckpt-writer-{step}", daemon=False)
         self._thread.start()
 
     def wait(self) -> None:
