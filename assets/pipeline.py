@@ -6,7 +6,6 @@ data versions and metadata together.
 
 
 import fnmatch
-import hashlib
 import json
 import re
 import tempfile
@@ -16,8 +15,8 @@ import dagster as dg
 
 from assets import ingest, quality
 from assets.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
-from assets.sharding import build_shards, sample_bytes
-from assets.source import SourceError, read_source, resolve_source_files, validate_frame
+from assets.sharding import build_shards_from_chunks, sample_bytes
+from assets.source import SourceError, file_sha256, iter_frame_chunks, iter_source_chunks, resolve_source_files
 from assets.spec import PipelineSpec
 from resources.store.base import MAIN
 from resources.platform import (
@@ -63,25 +62,26 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def raw_dataset(context: dg.AssetExecutionContext, platform: PlatformSettings, store: VersionedStoreResource):
         s = store.get()
         s.ensure_repository()
-        parsed, sources, source_commit = _read_source(context, spec, s, platform.sources_root)
-        report = quality.run_suite(f"{name}/raw_dataset", spec.expectations.raw(spec),
-                                   quality.raw_tables(spec.feature_columns, spec.label_column, parsed))
-        frame = None
-        try:
-            frame = validate_frame(spec, parsed)
-        except SourceError as exc:
-            report = report.with_failure(str(exc))
-        branch = ensure_run_branch(s, context.run_id)
-        if report.passed:
-            ingest.write_raw(s, branch, name, frame, sources)
-        else:  # keep the evidence on the run branch; nothing of it reaches main
-            s.put_object(branch, ingest.dataset_prefix(name) + "raw/sources.json", json.dumps(sources).encode())
+        with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
+            chunks, sources, source_commit = _source_chunks(context, spec, s, platform.sources_root, Path(tmp))
+            try:
+                ingested = ingest.ingest_chunks(spec, f"{name}/raw_dataset", spec.expectations.raw(spec), chunks,
+                                                Path(tmp) / "data.parquet")
+            except SourceError as exc:
+                raise dg.Failure(description=str(exc), allow_retries=False) from exc
+            report = ingested.report
+            branch = ensure_run_branch(s, context.run_id)
+            if report.passed:  # otherwise only the evidence stays on the run branch; nothing reaches main
+                s.put_file(branch, ingest.raw_path(name), ingested.path)
+            s.put_object(branch, ingest.dataset_prefix(name) + "raw/sources.json",
+                         json.dumps(sources, indent=2, sort_keys=True).encode())
         commit_id = _commit_checked(context, s, branch, platform, report, "raw_dataset",
-                                    f"Ingest raw data of {name}", rows=str(len(parsed)), source_commit=source_commit or "")
-        value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": len(parsed),
+                                    f"Ingest raw data of {name}", rows=str(ingested.rows),
+                                    source_commit=source_commit or "")
+        value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": ingested.rows,
                  "branch": branch, "source_commit": source_commit, "checks": report.summary()}
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            "commit_id": commit_id, "rows": len(parsed), "columns": len(parsed.columns),
+            "commit_id": commit_id, "rows": ingested.rows, "columns": ingested.columns,
             "sources": dg.MetadataValue.json(sources), "store_link": _link(s, commit_id),
             **({"source_commit": source_commit} if source_commit else {})})
         yield from _gate(context, report, keys["raw_dataset"], RAW_CHECK, commit_id, branch)
@@ -95,20 +95,23 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                store: VersionedStoreResource):
         s = store.get()
         branch = ensure_run_branch(s, context.run_id)
-        frame = ingest.read_raw(s, raw["commit_id"], name)
         prefix = ingest.dataset_prefix(name) + "shards/"
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
+            raw_file = s.download(raw["commit_id"], ingest.raw_path(name), Path(tmp) / "raw.parquet")
+            out = Path(tmp) / "shards"
+            rows = spec.chunk_rows
+            chunks = ingest.iter_raw_arrays(spec, raw_file, rows)
             try:
-                manifest = build_shards(
-                    frame, out_dir=Path(tmp), feature_columns=spec.feature_columns, label_column=spec.label_column,
+                manifest = build_shards_from_chunks(
+                    chunks, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
                     class_names=spec.class_names, id_column=spec.id_column, feature_shape=spec.shape,
                     seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test),
-                    samples_per_shard=spec.split.shard_samples(sample_bytes(spec.shape)))
+                    samples_per_shard=spec.split.shard_samples(sample_bytes(spec.shape)), block_rows=rows)
             except ValueError as exc:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc
             manifest["source_commit"] = raw["commit_id"]
-            _replace_prefix(s, branch, prefix, Path(tmp), manifest)
+            _replace_prefix(s, branch, prefix, out, manifest)
         # Check what the store holds now, read back from the staged shard files.
         report = quality.run_suite(f"{name}/shards", spec.expectations.shards(spec),
                                    quality.shard_tables(s, branch, prefix, manifest))
@@ -222,35 +225,33 @@ def source_area(spec: PipelineSpec) -> list[str]:
     return sorted(set(areas))
 
 
-def _read_source(context, spec: PipelineSpec, store, sources_root: Path):
-    """(frame as parsed, file descriptions, store commit or None).
+def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path):
+    """(the source's chunks as parsed, file descriptions, store commit or None).
 
     Source paths resolve in the store's ``sources/`` area at the run's pinned commit (tag
     ``platform/source_commit``, else main's head) when files there match; otherwise in the local
-    sources directory. A loader function is simply called.
+    sources directory. Store files are first downloaded to ``tmp``. A loader function is simply
+    called, and its frame cut into the same chunks.
     """
+    rows = spec.chunk_rows
     try:
         if spec.source.loader is not None:
             frame = spec.source.loader()
-            return frame, [{"loader": spec.source.describe(), "rows": int(len(frame))}], None
+            return (iter_frame_chunks(frame, rows), [{"loader": spec.source.describe(), "rows": int(len(frame))}],
+                    None)
         commit = context.run.tags.get(SOURCE_COMMIT_TAG) or store.resolve_ref(MAIN)
         wanted = [SOURCES_PREFIX + p for p in spec.source.paths if not Path(p).is_absolute()]
         in_store = [o for o in store.list_objects(commit, prefix=SOURCES_PREFIX)
                     if any(fnmatch.fnmatchcase(o.path, w) for w in wanted)] if wanted else []
         if not in_store:
             files = resolve_source_files(spec, sources_root)
-            return read_source(spec, files), [
-                {"file": f.name, "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files], None
-        with tempfile.TemporaryDirectory(prefix="sources-") as tmp:
-            files = [store.download(commit, o.path, Path(tmp) / o.path) for o in in_store]
-            frame = read_source(spec, files)
-        return frame, [{"file": o.path, "bytes": o.size_bytes, "checksum": o.checksum} for o in in_store], commit
+            return iter_source_chunks(spec, files, rows), [
+                {"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files], None
+        files = [store.download(commit, o.path, tmp / o.path) for o in in_store]
+        return (iter_source_chunks(spec, files, rows),
+                [{"file": o.path, "bytes": o.size_bytes, "checksum": o.checksum} for o in in_store], commit)
     except SourceError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _link(store, ref: str) -> dg.MetadataValue | str:

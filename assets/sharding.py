@@ -9,6 +9,7 @@ memory-map the file and slice whole batches without decoding sample by sample.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,29 @@ class Normalisation:
         std[std < 1e-12] = 1.0  # constant features (e.g. always-blank pixels) pass through centred
         return cls(mean=mean.astype(np.float32), std=std.astype(np.float32))
 
+    @classmethod
+    def fit_rows(cls, features: np.ndarray, rows: np.ndarray, block_rows: int) -> "Normalisation":
+        """``fit(features[rows])`` without materialising ``features[rows]``: numpy's float64 mean
+        and std over axis 0 add rows one after another, which this repeats block by block (the
+        running total is added into each block's first row), so the result is bit-identical."""
+        dim = features.shape[1]
+        total = np.zeros(dim, dtype=np.float64)
+        for s in range(0, len(rows), block_rows):
+            block = features[rows[s:s + block_rows]].astype(np.float64)
+            block[0] = total + block[0]
+            total = block.sum(axis=0)
+        mean = total / len(rows)
+        sq = np.zeros(dim, dtype=np.float64)
+        for s in range(0, len(rows), block_rows):
+            d = features[rows[s:s + block_rows]].astype(np.float64)
+            d -= mean
+            d *= d
+            d[0] = sq + d[0]
+            sq = d.sum(axis=0)
+        std = np.sqrt(sq / len(rows))
+        std[std < 1e-12] = 1.0
+        return cls(mean=mean.astype(np.float32), std=std.astype(np.float32))
+
     def apply(self, features: np.ndarray) -> np.ndarray:
         return ((features - self.mean) / self.std).astype(np.float32, copy=False)
 
@@ -83,21 +107,34 @@ def decode_shard(data: bytes | memoryview, num_samples: int, feature_shape: tupl
 def write_split_shards(
     out_dir: Path, split: str, features: np.ndarray, labels: np.ndarray, samples_per_shard: int
 ) -> list[dict]:
-    """Write one split's shards under out_dir/split/ and return their manifest entries."""
-    entries = []
-    (out_dir / split).mkdir(parents=True, exist_ok=True)
-    for i, start in enumerate(range(0, len(labels), samples_per_shard)):
-        stop = min(start + samples_per_shard, len(labels))
-        data = encode_shard(features[start:stop], labels[start:stop])
-        rel = f"{split}/{i:05d}.bin"
-        (out_dir / rel).write_bytes(data)
-        entries.append({
-            "path": rel,
-            "num_samples": stop - start,
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "num_bytes": len(data),
-        })
-    return entries
+    """Write one split's shards under out_dir/split/ from in-memory arrays; return their entries."""
+    rows = np.arange(len(labels))
+    return [_write_shard(out_dir, f"{split}/{i:05d}.bin", features, rows[start:start + samples_per_shard],
+                         labels[start:start + samples_per_shard], None, len(labels) or 1)
+            for i, start in enumerate(range(0, len(labels), samples_per_shard))]
+
+
+def _write_shard(out_dir: Path, rel: str, features: np.ndarray, rows: np.ndarray, labels: np.ndarray,
+                 norm: "Normalisation | None", block_rows: int) -> dict:
+    """One shard file (``encode_shard``'s layout) written ``block_rows`` samples at a time, so a
+    64 MB shard never sits in memory whole; returns its manifest entry."""
+    path = out_dir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for start in range(0, len(rows), block_rows):
+            block = features[rows[start:start + block_rows]]
+            data = np.ascontiguousarray(norm.apply(block) if norm else block, dtype="<f4").data
+            digest.update(data)
+            f.write(data)
+        tail = np.ascontiguousarray(labels, dtype="<i8").data
+        digest.update(tail)
+        f.write(tail)
+        size = f.tell()
+    return {"path": rel, "num_samples": len(rows), "sha256": digest.hexdigest(), "num_bytes": size}
+
+
+Chunk = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (features float32, label texts, ids or None)
 
 
 def build_shards(
@@ -113,28 +150,72 @@ def build_shards(
     fractions: tuple[float, float, float],
     samples_per_shard: int,
 ) -> dict:
-    """Split, normalise and shard ``frame`` into ``out_dir``; return the manifest."""
-    ids = frame[id_column] if id_column else pd.util.hash_pandas_object(frame[list(feature_columns) + [label_column]], index=False)
-    # Sort by id so row order in the source does not change shard contents.
-    order = np.argsort(ids.astype(str).to_numpy(), kind="stable")
-    frame = frame.iloc[order].reset_index(drop=True)
-    ids = ids.iloc[order].reset_index(drop=True)
-    split_of = assign_splits(ids, seed, fractions)
-    features = frame[list(feature_columns)].to_numpy(dtype=np.float32)
+    """Split, normalise and shard an in-memory ``frame`` into ``out_dir``; return the manifest."""
+    chunk = (frame[list(feature_columns)].to_numpy(dtype=np.float32), frame[label_column].astype(str).to_numpy(),
+             frame[id_column].astype(str).to_numpy() if id_column else None)
+    return build_shards_from_chunks(
+        [chunk], out_dir=out_dir, feature_columns=feature_columns, label_column=label_column,
+        class_names=class_names, id_column=id_column, feature_shape=feature_shape, seed=seed,
+        fractions=fractions, samples_per_shard=samples_per_shard)
+
+
+def build_shards_from_chunks(
+    chunks: Iterable[Chunk],
+    *,
+    out_dir: Path,
+    feature_columns: tuple[str, ...],
+    label_column: str,
+    class_names: tuple[str, ...],
+    id_column: str | None,
+    feature_shape: tuple[int, ...],
+    seed: int,
+    fractions: tuple[float, float, float],
+    samples_per_shard: int,
+    block_rows: int = 8192,
+) -> dict:
+    """Split, normalise and shard validated data arriving in chunks; return the manifest.
+
+    Memory is bounded by a chunk and ``block_rows``, not by the data: features go to a scratch
+    file next to the shards as they arrive, only ids and labels (tens of bytes a row) stay in
+    memory, and each split's shards are gathered from the memory-mapped scratch file in id order
+    and written block by block. Rows are ordered by id, so the order of the source does not
+    change the shards.
+    """
+    dim = int(np.prod(feature_shape))
     label_index = {name: i for i, name in enumerate(class_names)}
-    labels = frame[label_column].astype(str).map(label_index).to_numpy(dtype=np.int64)
-    for code, split in enumerate(SPLITS):
-        if not (split_of == code).any():
-            raise ValueError(
-                f"the {split} split is empty ({len(frame)} rows in all): add data or change the split fractions"
-            )
-    norm = Normalisation.fit(features[split_of == 0])
-    features = norm.apply(features)
-    splits = {}
-    for code, split in enumerate(SPLITS):
-        mask = split_of == code
-        shards = write_split_shards(out_dir, split, features[mask], labels[mask], samples_per_shard)
-        splits[split] = {"num_samples": int(mask.sum()), "shards": shards}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scratch = out_dir / ".features.scratch"
+    try:
+        ids_parts, label_parts, n = [], [], 0
+        with open(scratch, "wb") as f:
+            for features, texts, ids in chunks:
+                features = np.ascontiguousarray(features, dtype=np.float32).reshape(len(texts), dim)
+                f.write(features.data)
+                ids_parts.append(ids.astype(str) if id_column else _content_ids(features, texts, feature_columns,
+                                                                                label_column))
+                label_parts.append(pd.Series(texts).astype(str).map(label_index).to_numpy(dtype=np.int64))
+                n += len(texts)
+        ids = np.concatenate(ids_parts) if ids_parts else np.array([], dtype=str)
+        labels = np.concatenate(label_parts) if label_parts else np.array([], dtype=np.int64)
+        del ids_parts, label_parts
+        order = np.argsort(ids, kind="stable")
+        split_of = assign_splits(pd.Series(ids[order]), seed, fractions)
+        del ids
+        for code, split in enumerate(SPLITS):
+            if not (split_of == code).any():
+                raise ValueError(f"the {split} split is empty ({n} rows in all): add data or change the split fractions")
+        features = np.memmap(scratch, dtype=np.float32, mode="r", shape=(n, dim))
+        norm = Normalisation.fit_rows(features, order[split_of == 0], block_rows)
+        splits = {}
+        for code, split in enumerate(SPLITS):
+            rows = order[split_of == code]
+            shards = [_write_shard(out_dir, f"{split}/{i:05d}.bin", features, rows[start:start + samples_per_shard],
+                                   labels[rows[start:start + samples_per_shard]], norm, block_rows)
+                      for i, start in enumerate(range(0, len(rows), samples_per_shard))]
+            splits[split] = {"num_samples": int(len(rows)), "shards": shards}
+        del features
+    finally:
+        scratch.unlink(missing_ok=True)
     return {
         "format": MANIFEST_FORMAT,
         "feature_shape": list(feature_shape),
@@ -147,3 +228,10 @@ def build_shards(
         "split": {"seed": seed, "fractions": dict(zip(SPLITS, fractions)), "by": id_column or "row content hash"},
         "splits": splits,
     }
+
+
+def _content_ids(features: np.ndarray, texts: np.ndarray, feature_columns, label_column: str) -> np.ndarray:
+    """A row's id when the source has none: a hash of its features and label."""
+    frame = pd.DataFrame(features, columns=list(feature_columns))
+    frame[label_column] = pd.Series(texts, dtype=str).to_numpy()
+    return pd.util.hash_pandas_object(frame, index=False).astype(str).to_numpy()

@@ -1,13 +1,16 @@
-"""Reading a pipeline's source files into one frame, refusing what training cannot use.
+"""Reading a pipeline's source files, refusing what training cannot use.
 
+The raw asset reads them in chunks (``iter_source_chunks``) so that a source larger than memory
+can be ingested; ``load_frame`` reads one whole for callers that want a frame.
 Great Expectations suites (assets/quality) check the data further; the rules here are the ones
-without which the frame cannot even be stored: files exist, parse, hold the columns and rows.
+without which the data cannot even be stored: files exist, parse, hold the columns and rows.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +54,43 @@ def _read_one(path: Path, csv_options: dict) -> pd.DataFrame:
     raise SourceError(f"source file {path.name!r}: unsupported type {suffix!r}; use .csv or .parquet")
 
 
+def iter_source_chunks(spec: PipelineSpec, files: list[Path], rows: int) -> Iterator[pd.DataFrame]:
+    """The files' rows as parsed, at most ``rows`` at a time, in file order (CSV through pandas'
+    chunked C reader with the pipeline's csv_options, Parquet by row batches). Every file yields
+    at least one frame, so a header-only file still shows its columns to the schema checks."""
+    for path in files:
+        suffix = path.suffix.lower()
+        if path.stat().st_size == 0:
+            raise SourceError(f"source file {path.name!r} is empty (0 bytes)")
+        if suffix not in (".parquet", ".pq", ".csv", ".txt"):
+            raise SourceError(f"source file {path.name!r}: unsupported type {suffix!r}; use .csv or .parquet")
+        try:
+            if suffix in (".parquet", ".pq"):
+                import pyarrow.parquet as pq
+
+                source = pq.ParquetFile(path)
+                chunks: Iterable[pd.DataFrame] = (
+                    b.to_pandas() for b in source.iter_batches(batch_size=rows))
+                empty = source.schema_arrow.empty_table().to_pandas()
+            else:
+                chunks = pd.read_csv(path, chunksize=rows, **spec.source.csv_options)
+                empty = None
+            any_rows = False
+            for chunk in chunks:
+                any_rows = True
+                yield chunk
+            if not any_rows:
+                yield empty if empty is not None else pd.read_csv(path, nrows=0, **spec.source.csv_options)
+        except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as exc:
+            raise SourceError(f"source file {path.name!r} cannot be parsed: {type(exc).__name__}: {exc}") from exc
+
+
+def iter_frame_chunks(frame: pd.DataFrame, rows: int) -> Iterator[pd.DataFrame]:
+    """A loader's frame in the same chunks (at least one, so an empty frame shows its columns)."""
+    for start in range(0, max(1, len(frame)), rows):
+        yield frame.iloc[start:start + rows]
+
+
 def read_source(spec: PipelineSpec, files: list[Path]) -> pd.DataFrame:
     frames = [_read_one(f, spec.source.csv_options) for f in files]
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -64,7 +104,7 @@ def load_frame(spec: PipelineSpec, sources_root: Path) -> tuple[pd.DataFrame, li
     else:
         files = resolve_source_files(spec, sources_root)
         frame = read_source(spec, files)
-        described = [{"file": f.name, "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files]
+        described = [{"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]
     return validate_frame(spec, frame), described
 
 
@@ -163,7 +203,7 @@ def _label_text(v) -> str:
     return str(v)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

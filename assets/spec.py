@@ -27,6 +27,12 @@ class Source:
     paths: tuple[str, ...] = ()  # files or glob patterns; relative ones resolve against the sources root
     loader: Callable[[], pd.DataFrame] | None = None
     csv_options: dict[str, Any] = field(default_factory=dict)
+    # Files are read this many MB of parsed cells (8 bytes each) at a time: ingesting holds one
+    # chunk, its Great Expectations tables and a few bytes of keys per row, never the whole source.
+    chunk_mb: float = 32.0
+
+    def rows_per_chunk(self, columns: int) -> int:
+        return max(1, int(self.chunk_mb * 2**20) // (8 * max(1, columns)))
 
     def describe(self) -> str:
         if self.loader is not None:
@@ -181,6 +187,8 @@ class PipelineSpec:
             _fail(n, "split.samples_per_shard", "must be at least 1 (or None to size shards by split.shard_mb)")
         if not self.split.shard_mb > 0:
             _fail(n, "split.shard_mb", f"must be positive, got {self.split.shard_mb}")
+        if not self.source.chunk_mb > 0:
+            _fail(n, "source.chunk_mb", f"must be positive, got {self.source.chunk_mb}")
         if self.feature_shape is not None:
             size = 1
             for d in self.feature_shape:
@@ -221,6 +229,11 @@ class PipelineSpec:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.feature_shape or (len(self.feature_columns),)
+
+    @property
+    def chunk_rows(self) -> int:
+        """Source rows per chunk when ingesting and sharding (features, label and id columns)."""
+        return self.source.rows_per_chunk(len(self.feature_columns) + 2)
 
     @property
     def dataset_name(self) -> str:

@@ -2,8 +2,10 @@
 ``python -m benchmarks.probes NAME --args JSON`` prints one JSON line.
 
 - ``stall``: share of step time the runtime's loader keeps a fixed-cost compute step waiting.
-- ``preprocess``: raw CSV -> shards, by the platform (``load_frame`` + ``build_shards``), by the
-  proposed chunked path, or by pyarrow + numpy writing the same bytes.
+- ``preprocess``: raw CSV -> shards: by the platform's assets' data path (source read in chunks,
+  validated, written to Parquet, read back in batches and sharded; ``platform_ge`` adds the
+  standard Great Expectations raw suite the assets run), by the whole-frame path (``load_frame`` +
+  ``build_shards``), or by pyarrow + numpy writing the same bytes.
 - ``checkpoint``: the runtime's synchronous checkpoint against ``torch.save``; the asynchronous
   mode's training stall against the synchronous save.
 - ``load``: one epoch of the runtime's loader (for the growth figure).
@@ -98,12 +100,13 @@ def stall(a: dict) -> dict:
 
 
 # ---------------------------------------------------------------- preprocessing
-def _bench_spec(csv_name: str, dim: int, samples_per_shard: int):
-    from assets.spec import model_pipeline
+def _bench_spec(csv_name: str, dim: int, samples_per_shard: int, chunk_mb: float = 32.0):
+    from assets.spec import Source, model_pipeline
 
     return model_pipeline(
-        "bench", source=csv_name, features=[f"f{i}" for i in range(dim)], label="label",
-        id_column="sample_id", classes=range(10), split={"seed": 0, "samples_per_shard": samples_per_shard})
+        "bench", source=Source(paths=(csv_name,), chunk_mb=chunk_mb), features=[f"f{i}" for i in range(dim)],
+        label="label", id_column="sample_id", classes=range(10),
+        split={"seed": 0, "samples_per_shard": samples_per_shard})
 
 
 def _digest(out: Path, manifest: dict) -> str:
@@ -115,19 +118,40 @@ def _digest(out: Path, manifest: dict) -> str:
     return h.hexdigest()
 
 
+def _platform_shards(spec, src: Path, out: Path, with_suite: bool) -> dict:
+    """What the raw_dataset and shards assets do with the data, without the store and Dagster."""
+    from assets.ingest import ingest_chunks, iter_raw_arrays
+    from assets.sharding import build_shards_from_chunks
+    from assets.source import iter_source_chunks
+
+    rows = spec.chunk_rows
+    suite = spec.expectations.raw(spec) if with_suite else None
+    ingested = ingest_chunks(spec, "bench/raw_dataset", suite, iter_source_chunks(spec, [src], rows), out / "raw.parquet")
+    if not ingested.report.passed:
+        raise ValueError(f"the bench source fails its checks: {ingested.report.failures[:3]}")
+    return build_shards_from_chunks(
+        iter_raw_arrays(spec, ingested.path, rows), out_dir=out / "shards", feature_columns=spec.feature_columns,
+        label_column=spec.label_column, class_names=spec.class_names, id_column=spec.id_column,
+        feature_shape=spec.shape, seed=0, fractions=(0.8, 0.1, 0.1),
+        samples_per_shard=spec.split.samples_per_shard, block_rows=rows)
+
+
 def preprocess(a: dict) -> dict:
     src = Path(a["source"])
     dim, sps, how = a["dim"], a["samples_per_shard"], a["how"]
-    if how == "platform":
+    if how in ("platform", "platform_ge"):
+        import pyarrow.parquet  # noqa: F401
+        import assets.ingest  # noqa: F401
+        if how == "platform_ge":
+            import great_expectations  # noqa: F401
+    elif how == "whole":
         from assets.sharding import build_shards
         from assets.source import load_frame
-    elif how == "chunked":
-        from benchmarks.proposed.chunked_shards import build_shards_chunked
     else:
         import pyarrow.csv as pacsv
     import pandas  # noqa: F401  (imported before the limit so only the work counts)
 
-    spec = _bench_spec(src.name, dim, sps)  # validating a spec imports torch: not part of the work
+    spec = _bench_spec(src.name, dim, sps, a.get("chunk_mb", 32.0))  # validating a spec imports torch: not part of the work
     limit = _limit_data(a.get("data_limit_mb"))
     source_bytes = src.stat().st_size
     result: dict = {"how": how, "source_bytes": source_bytes, "data_limit_bytes": limit}
@@ -135,17 +159,15 @@ def preprocess(a: dict) -> dict:
         out = Path(tmp)
         t0 = time.perf_counter()
         try:
-            if how == "platform":
+            if how in ("platform", "platform_ge"):
+                manifest = _platform_shards(spec, src, out, how == "platform_ge")
+                result["digest"] = _digest(out, manifest)
+            elif how == "whole":
                 frame, _ = load_frame(spec, src.parent)
                 manifest = build_shards(
                     frame, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
                     class_names=spec.class_names, id_column=spec.id_column, feature_shape=spec.shape,
                     seed=0, fractions=(0.8, 0.1, 0.1), samples_per_shard=sps)
-                result["digest"] = _digest(out, manifest)
-            elif how == "chunked":
-                manifest = build_shards_chunked(
-                    spec, [src], out_dir=out, seed=0, fractions=(0.8, 0.1, 0.1), samples_per_shard=sps,
-                    chunk_rows=a.get("chunk_rows", 8192))
                 result["digest"] = _digest(out, manifest)
             else:  # pyarrow reads, numpy writes the same bytes (features then labels per shard)
                 table = pacsv.read_csv(src)

@@ -28,11 +28,11 @@ SIZES = {
     "tiny": {"reps": 1, "loader_seconds": 0.4, "rows_4k": 1100, "rows_192k": 120, "stall_seconds": 0.5,
              "pre_rows": 2000, "pre_dim": 64, "ckpt_hidden": 256, "ckpt_reps": 1, "scale_steps": 4,
              "scale_rows": 1200, "over_rows": 1500, "over_target_s": 1.0, "growth_rows": 300,
-             "growth_samples": 512, "limit_mb": 64, "chunk_rows": 256, "timeout": 300},
+             "growth_samples": 512, "limit_mb": 64, "chunk_mb": 0.5, "timeout": 300},
     "full": {"reps": 3, "loader_seconds": 2.0, "rows_4k": 17000, "rows_192k": 1420, "stall_seconds": 4.0,
              "pre_rows": 12000, "pre_dim": 256, "ckpt_hidden": 2048, "ckpt_reps": 5, "scale_steps": 40,
              "scale_rows": 20000, "over_rows": 20000, "over_target_s": 70.0, "growth_rows": 2000,
-             "growth_samples": 4096, "limit_mb": 64, "chunk_rows": 1024, "timeout": 900},
+             "growth_samples": 4096, "limit_mb": 64, "chunk_mb": 2.0, "timeout": 900},
 }
 BENCHMARKS = ("loaders", "stall", "preprocess", "checkpoint", "scaling", "overhead", "growth")
 EXTRA = ("gather",)  # run only when named with --only
@@ -46,9 +46,9 @@ class Ctx:
         self.py = str(VENV_PY if VENV_PY.exists() else Path(sys.executable))
         self.peer_problem: str | None = None
 
-    def probe(self, name: str, args: dict, timeout: float | None = None) -> dict:
+    def probe(self, name: str, args: dict, timeout: float | None = None, env: dict | None = None) -> dict:
         return run_json([self.py, "-m", "benchmarks.probes", name, "--args", json.dumps(args)],
-                        timeout=timeout or self.p["timeout"])
+                        timeout=timeout or self.p["timeout"], env=env)
 
 
 # ---------------------------------------------------------------- peers' environment
@@ -140,6 +140,14 @@ def bench_stall(ctx: Ctx) -> dict:
 
 
 # ---------------------------------------------------------------- 3. preprocessing
+# RLIMIT_DATA counts address space that allocators reserve but never touch: Arrow's default pool
+# (jemalloc/mimalloc) and glibc's per-thread arenas reserve tens of MB each. Under a limit, run as
+# one would in a small container: Arrow on the system allocator, two malloc arenas.
+LIMITED_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2"}
+# the assets' data path; it with their Great Expectations raw suite; the whole-frame functions
+PREPROCESS_PATHS = ["platform", "platform_ge", "whole"]
+
+
 def bench_preprocess(ctx: Ctx) -> dict:
     from benchmarks import datagen
 
@@ -147,15 +155,14 @@ def bench_preprocess(ctx: Ctx) -> dict:
     src = datagen.csv_source(ctx.data / "csv" / f"pre_{ctx.size}.csv", rows=p["pre_rows"], dim=p["pre_dim"])
     runs: dict[str, list[dict]] = {}
     for rep in range(p["reps"]):
-        for how in rotate(["platform", "pyarrow", "chunked"], rep):
+        for how in rotate(PREPROCESS_PATHS + ["pyarrow"], rep):
             runs.setdefault(how, []).append(ctx.probe("preprocess", {
                 "source": str(src), "dim": p["pre_dim"], "samples_per_shard": 4096, "how": how,
-                "chunk_rows": p["chunk_rows"], "tmp": str(ctx.data)}))
+                "tmp": str(ctx.data)}))
     mbps = {k: median([r["mb_per_s"] for r in v]) for k, v in runs.items()}
     return {"source_bytes": src.stat().st_size, "rows": p["pre_rows"], "features": p["pre_dim"],
-            "median_mb_per_s": mbps, "platform_vs_pyarrow": mbps["platform"] / mbps["pyarrow"],
-            "chunked_vs_pyarrow": mbps["chunked"] / mbps["pyarrow"],
-            "same_shards": len({r["digest"] for k in ("platform", "chunked") for r in runs[k]}) == 1,
+            "median_mb_per_s": mbps, **{f"{k}_vs_pyarrow": mbps[k] / mbps["pyarrow"] for k in PREPROCESS_PATHS},
+            "same_shards": len({r["digest"] for k in PREPROCESS_PATHS for r in runs[k]}) == 1,
             "runs": runs}
 
 
@@ -259,14 +266,14 @@ def bench_growth(ctx: Ctx) -> dict:
 
     p = ctx.p
     factors = [1, 4, 16]
-    pre: dict[str, dict] = {"platform": {}, "chunked": {}}
+    pre: dict[str, dict] = {how: {} for how in PREPROCESS_PATHS}
     srcs = {f: datagen.csv_source(ctx.data / "csv" / f"growth_{ctx.size}_{f}x.csv", rows=p["growth_rows"] * f,
                                   dim=256) for f in factors}
     for f in factors:
-        for how in ("platform", "chunked"):
+        for how in PREPROCESS_PATHS:
             pre[how][str(f)] = ctx.probe("preprocess", {
                 "source": str(srcs[f]), "dim": 256, "samples_per_shard": 4096, "how": how,
-                "chunk_rows": p["chunk_rows"], "tmp": str(ctx.data)})
+                "chunk_mb": p["chunk_mb"], "tmp": str(ctx.data)})
     load: dict[str, dict] = {}
     for f in factors:
         data = ctx.data / f"growth_load_{ctx.size}_{f}x"
@@ -275,8 +282,8 @@ def bench_growth(ctx: Ctx) -> dict:
         load[str(f)] = ctx.probe("load", {"data": str(data), "epochs": 2})
     big = srcs[16]
     limited = {how: ctx.probe("preprocess", {
-        "source": str(big), "dim": 256, "samples_per_shard": 4096, "how": how, "chunk_rows": p["chunk_rows"],
-        "tmp": str(ctx.data), "data_limit_mb": p["limit_mb"]}) for how in ("platform", "chunked")}
+        "source": str(big), "dim": 256, "samples_per_shard": 4096, "how": how, "chunk_mb": p["chunk_mb"],
+        "tmp": str(ctx.data), "data_limit_mb": p["limit_mb"]}, env=LIMITED_ENV) for how in PREPROCESS_PATHS}
 
     def summary(series: dict[str, dict], key: str = "seconds") -> dict:
         sizes = [float(f) for f in factors]
@@ -286,9 +293,10 @@ def bench_growth(ctx: Ctx) -> dict:
                 "peak_rss_mb": {str(f): series[str(f)]["peak_rss_bytes"] / 2**20 for f in factors},
                 "anon_growth_16x_vs_1x": series["16"]["work_anon_bytes"] / max(1, series["1"]["work_anon_bytes"])}
     return {"factors": factors, "preprocess_rows_1x": p["growth_rows"], "load_samples_1x": p["growth_samples"],
+            "chunk_mb": p["chunk_mb"],
             "preprocess": {k: summary(v) for k, v in pre.items()}, "load": summary(load),
             "memory_limit": {"source_bytes": big.stat().st_size, "limit_mb_above_imports": p["limit_mb"],
-                             "platform": limited["platform"], "chunked": limited["chunked"]},
+                             **limited},
             "raw": {"preprocess": pre, "load": load}}
 
 
@@ -342,8 +350,10 @@ def table(results: dict) -> str:
         m = s["median_mb_per_s"]
         add(f"3. preprocessing, CSV → shards ({s['source_bytes'] / 2**20:.0f} MB CSV)",
             f"platform {_f(s['platform_vs_pyarrow'])}× pyarrow+numpy",
-            f"platform {_f(m['platform'])} MB/s; pyarrow+numpy {_f(m['pyarrow'])} MB/s; proposed chunked "
-            f"{_f(m.get('chunked'))} MB/s ({_f(s.get('chunked_vs_pyarrow'))}×); same shards: {s['same_shards']}",
+            f"platform (the assets' data path: chunks, Parquet copy, shards) {_f(m['platform'])} MB/s; "
+            f"pyarrow+numpy {_f(m['pyarrow'])} MB/s; with the assets' GE raw suite {_f(m.get('platform_ge'))} MB/s "
+            f"({_f(s.get('platform_ge_vs_pyarrow'))}×); whole-frame functions {_f(m.get('whole'))} MB/s "
+            f"({_f(s.get('whole_vs_pyarrow'))}×); same shards: {s['same_shards']}",
             "≥ 0.5×", s["platform_vs_pyarrow"] >= 0.5)
     if "checkpoint" in b and "error" not in b["checkpoint"]:
         s = b["checkpoint"]
@@ -385,20 +395,27 @@ def table(results: dict) -> str:
                 f"{tf.get('data_wait_share', float('nan')):.3f}", "(reported)", None)
     if "growth" in b and "error" not in b["growth"]:
         s = b["growth"]
-        for name, g in (("preprocessing (platform)", s["preprocess"]["platform"]),
-                        ("preprocessing (proposed chunked)", s["preprocess"]["chunked"]),
+        for name, g in ((f"preprocessing (platform, {s.get('chunk_mb')} MB chunks)", s["preprocess"]["platform"]),
+                        ("preprocessing (platform with GE raw suite)", s["preprocess"].get("platform_ge")),
+                        ("preprocessing (whole-frame functions)", s["preprocess"].get("whole")),
                         ("loading (runtime loader)", s["load"])):
+            if g is None:
+                continue
             add(f"7. growth, {name}, 1×/4×/16×", f"time ∝ size^{g['exponent']:.2f}; working memory "
                 f"{g['anon_growth_16x_vs_1x']:.1f}× from 1× to 16×",
                 "s: " + "/".join(f"{g['seconds'][str(f)]:.2f}" for f in s["factors"]) + "; peak anonymous MB "
                 "above the process' start: " + "/".join(f"{g['work_anon_mb'][str(f)]:.0f}" for f in s["factors"]),
                 "exponent ≤ ~1.1; memory flat", g["exponent"] <= 1.1 and g["anon_growth_16x_vs_1x"] <= 1.5)
         lim = s["memory_limit"]
-        for how in ("platform", "chunked"):
-            r = lim[how]
+        env = " ".join(f"{k}={v}" for k, v in LIMITED_ENV.items())
+        for how in PREPROCESS_PATHS:
+            r = lim.get(how)
+            if r is None:
+                continue
             add(f"7b. {lim['source_bytes'] / 2**20:.0f} MB CSV under a {lim['limit_mb_above_imports']} MB "
                 f"data limit ({how})", "completed" if r["ok"] else f"failed: {r.get('error', '')[:80]}",
-                f"{r['seconds']:.1f} s; peak anonymous {r['work_anon_bytes'] / 2**20:.0f} MB above start", "completes",
+                f"{r['seconds']:.1f} s; peak anonymous {r['work_anon_bytes'] / 2**20:.0f} MB above start; {env}",
+                "completes",
                 r["ok"])
     reruns = [f"`{name}` was re-run on its own with `{r['rerun']['command']}` at {r['rerun']['date']} "
               f"(load average after {r['rerun']['load_after']})" for name, r in b.items() if "rerun" in r]

@@ -38,7 +38,7 @@ class ExpectationOutcome:
             return f"{what} could not run: {self.error}"
         bits = []
         if self.unexpected_count:
-            bits.append(f"{self.unexpected_count} unexpected, e.g. {self.examples[:3]}")
+            bits.append(f"{self.unexpected_count} unexpected" + (f", e.g. {self.examples[:3]}" if self.examples else ""))
         if self.observed is not None and not self.unexpected_count:
             bits.append(f"observed {_short(self.observed)}")
         return what + (f" ({'; '.join(bits)})" if bits else "")
@@ -97,38 +97,65 @@ def _context():
     return context
 
 
-def run_suite(asset: str, suite: Mapping[str, Sequence[Any]], tables: Mapping[str, pd.DataFrame]) -> QualityReport:
-    """Validate each table with its expectations; an empty suite is an error, not a pass."""
-    import great_expectations as gx
+class SuiteRunner:
+    """One ephemeral Great Expectations context that validates many frames: one call per table of
+    a whole-frame suite, or one per table and chunk when the source is read in chunks."""
 
+    def __init__(self, asset: str):
+        self.asset = asset
+        self._context = _context()
+        self._source = self._context.data_sources.add_pandas(f"{asset}_source")
+        self._batches: dict[str, Any] = {}
+        self._suites: dict[tuple, Any] = {}  # an expectation belongs to one GE suite: reuse it per chunk
+
+    def validate(self, table: str, expectations: Sequence[Any], frame: pd.DataFrame) -> list[tuple[ExpectationOutcome, dict]]:
+        """(outcome, GE's raw result dict) per expectation, in the given order."""
+        import great_expectations as gx
+
+        if table not in self._batches:
+            self._batches[table] = self._source.add_dataframe_asset(table).add_batch_definition_whole_dataframe("whole")
+        batch = self._batches[table].get_batch(batch_parameters={"dataframe": frame})
+        key = (table, *map(id, expectations))
+        if key not in self._suites:
+            self._suites[key] = self._context.suites.add(gx.ExpectationSuite(
+                name=f"{self.asset}.{table}.{len(self._suites)}", expectations=list(expectations)))
+        gx_suite = self._suites[key]
+        result = batch.validate(gx_suite, result_format=_result_format(frame))
+        return [(_outcome(table, r), r.result or {}) for r in result.results]
+
+
+def _outcome(table: str, r: Any) -> ExpectationOutcome:
+    res = r.result or {}
+    exc = r.exception_info or {}
+    error = exc.get("exception_message") if exc.get("raised_exception") else None
+    return ExpectationOutcome(
+        table=table, expectation=r.expectation_config.type,
+        kwargs={k: v for k, v in r.expectation_config.kwargs.items() if k not in ("batch_id",)},
+        success=bool(r.success), observed=_plain(res.get("observed_value")),
+        unexpected_count=res.get("unexpected_count"),
+        examples=[_plain(v) for v in (res.get("partial_unexpected_list") or [])[:5]], error=error,
+        columns=sorted({str(i["column"]) for i in res.get("partial_unexpected_index_list") or []
+                        if isinstance(i, dict) and "column" in i}))
+
+
+def check_suite(asset: str, suite: Mapping[str, Sequence[Any]], tables: Sequence[str]) -> None:
+    """Refuse an empty suite (an error, not a pass) and tables the asset does not have."""
     if not suite or not any(suite.values()):
         raise ValueError(f"the expectation suite for {asset} is empty; give at least one expectation")
     unknown = sorted(set(suite) - set(tables))
     if unknown:
         raise ValueError(f"the expectation suite for {asset} names table(s) {unknown}; "
                          f"the tables are {sorted(tables)}")
-    context = _context()
-    source = context.data_sources.add_pandas(f"{asset}_source")
+
+
+def run_suite(asset: str, suite: Mapping[str, Sequence[Any]], tables: Mapping[str, pd.DataFrame]) -> QualityReport:
+    """Validate each table with its expectations."""
+    check_suite(asset, suite, list(tables))
+    runner = SuiteRunner(asset)
     outcomes: list[ExpectationOutcome] = []
     for table, expectations in suite.items():
-        if not expectations:
-            continue
-        batch_def = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe("whole")
-        batch = batch_def.get_batch(batch_parameters={"dataframe": tables[table]})
-        gx_suite = context.suites.add(gx.ExpectationSuite(name=f"{asset}.{table}", expectations=list(expectations)))
-        result = batch.validate(gx_suite, result_format=_result_format(tables[table]))
-        for r in result.results:
-            res = r.result or {}
-            exc = r.exception_info or {}
-            error = exc.get("exception_message") if exc.get("raised_exception") else None
-            outcomes.append(ExpectationOutcome(
-                table=table, expectation=r.expectation_config.type,
-                kwargs={k: v for k, v in r.expectation_config.kwargs.items() if k not in ("batch_id",)},
-                success=bool(r.success), observed=_plain(res.get("observed_value")),
-                unexpected_count=res.get("unexpected_count"),
-                examples=[_plain(v) for v in (res.get("partial_unexpected_list") or [])[:5]], error=error,
-                columns=sorted({str(i["column"]) for i in res.get("partial_unexpected_index_list") or []
-                                if isinstance(i, dict) and "column" in i})))
+        if expectations:
+            outcomes += [o for o, _ in runner.validate(table, expectations, tables[table])]
     return QualityReport(asset=asset, outcomes=outcomes)
 
 

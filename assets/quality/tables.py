@@ -21,6 +21,12 @@ def raw_tables(feature_columns, label_column: str, frame: pd.DataFrame) -> dict[
     """``rows``: the source exactly as parsed; ``features``: every declared feature cell as a
     (column, value) row, so one expectation covers all feature columns and still names the column
     that broke it; ``classes``: one row per label with its share."""
+    return {**chunk_tables(feature_columns, frame),
+            "classes": classes_table(label_counts(label_column, frame), len(frame))}
+
+
+def chunk_tables(feature_columns, frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The ``rows`` and ``features`` tables of one frame (the whole source, or one chunk of it)."""
     present = [c for c in feature_columns if c in frame.columns]
     if present and len(frame):
         features = frame[present].melt(var_name="column", value_name="value")
@@ -30,15 +36,23 @@ def raw_tables(feature_columns, label_column: str, frame: pd.DataFrame) -> dict[
             np.repeat(np.arange(len(present), dtype=np.int32), len(frame)), categories=present)
     else:
         features = pd.DataFrame({"column": pd.Series(dtype=str), "value": pd.Series(dtype="float64")})
-    if label_column in frame.columns and len(frame):
-        labels = frame[label_column].dropna().map(label_text)
-        counts = labels.value_counts()
-        classes = pd.DataFrame({"label": counts.index.astype(str), "count": counts.to_numpy(),
-                                "share": counts.to_numpy() / len(frame)})
-    else:
-        classes = pd.DataFrame({"label": pd.Series(dtype=str), "count": pd.Series(dtype="int64"),
-                                "share": pd.Series(dtype="float64")})
-    return {"rows": frame, "features": features, "classes": classes}
+    return {"rows": frame, "features": features}
+
+
+def label_counts(label_column: str, frame: pd.DataFrame) -> pd.Series:
+    """Rows per label text in ``frame`` (none when it lacks the label column)."""
+    if label_column not in frame.columns or not len(frame):
+        return pd.Series(dtype="int64")
+    return frame[label_column].dropna().map(label_text).value_counts()
+
+
+def classes_table(counts: pd.Series, rows: int) -> pd.DataFrame:
+    """One row per label with its count and its share of all ``rows`` source rows."""
+    if not len(counts):
+        return pd.DataFrame({"label": pd.Series(dtype=str), "count": pd.Series(dtype="int64"),
+                             "share": pd.Series(dtype="float64")})
+    return pd.DataFrame({"label": counts.index.astype(str), "count": counts.to_numpy(),
+                         "share": counts.to_numpy() / rows})
 
 
 def shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.DataFrame]:
