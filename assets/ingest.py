@@ -2,9 +2,16 @@
 platform's rules into one Parquet file, and that file read back in batches by the shards asset.
 
 Memory is bounded by a chunk: each one is validated by Great Expectations (``ChunkedRawSuite``),
-converted to canonical types (``validate_frame``) and appended to the Parquet file as a row
+converted to canonical types (``validated_arrays``) and appended to the Parquet file as a row
 group. Only ids (for the uniqueness rule across chunks) and the suite's key columns are kept
 for the whole source.
+
+The Parquet copy holds the id column (when the pipeline has one), the label column (class names
+as text) and ``features``: one fixed-size list of float32 per row, the pipeline's feature
+columns in their declared order (their names are in the file's metadata,
+``model_factory.feature_columns``). One column instead of hundreds keeps the file's footer,
+which a writer holds in memory until it closes, at a few hundred bytes per row group, and
+reads back as one array without per-column conversion.
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from assets.prefetch import prefetched
 from assets.quality import QualityReport
 from assets.quality.chunked import ChunkedRawSuite
-from assets.source import SourceError, validate_frame
+from assets.source import SourceError, validated_arrays
 from assets.spec import PipelineSpec
 
 
@@ -45,26 +53,26 @@ def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[A
     refuse stops the writing, but every chunk still goes through the suite so the report is whole.
     ``suite=None`` applies the platform's rules alone (benchmarks use it to time the data path)."""
     checker = ChunkedRawSuite(asset, suite, spec.feature_columns, spec.label_column) if suite is not None else None
-    writer = _ParquetAppender(out, [spec.label_column])
+    writer = _ParquetAppender(out, spec)
     error: str | None = None
     ids: list[np.ndarray] = []
     columns = None
     rows = 0
     try:
-        for chunk in chunks:
+        for chunk in prefetched(chunks):  # the next chunk is parsed while this one is checked
             columns = len(chunk.columns) if columns is None else columns
             rows += len(chunk)
             if checker is not None:
                 checker.add(chunk)
             if error is None and len(chunk):
                 try:
-                    valid = validate_frame(spec, chunk)
+                    features, labels, chunk_ids = validated_arrays(spec, chunk)
                 except SourceError as exc:
                     error = str(exc)
                     continue
                 if spec.id_column:
-                    ids.append(valid[spec.id_column].to_numpy(dtype=str))
-                writer.append(valid)
+                    ids.append(chunk_ids.astype(str))
+                writer.append(features, labels, chunk_ids)
     finally:
         writer.close()
     if error is None and rows == 0:
@@ -87,24 +95,42 @@ def _duplicate_ids(spec: PipelineSpec, parts: list[np.ndarray]) -> str | None:
             f"e.g. {str(ids[dup[0]])!r}; ids must be unique")
 
 
+FEATURES = "features"
+FEATURE_COLUMNS_KEY = b"model_factory.feature_columns"
+
+
 class _ParquetAppender:
-    """Row groups appended to one Parquet file, all in the first chunk's schema. Dictionary
-    encoding only for ``dictionary_columns`` (labels): on float features it costs three quarters
-    of the write time and saves nothing."""
+    """Row groups appended to one Parquet file in the layout above. Dictionary encoding only for
+    labels (on ids and floats it costs time and saves nothing); LZ4 rather than the default
+    Snappy: on 12 MB of float32 features it wrote in 0.048 s against 0.102 s, read back in 0.039 s
+    against 0.057 s."""
 
-    def __init__(self, path: Path, dictionary_columns: Sequence[str] = ()):
-        self.path, self._writer, self._schema = path, None, None
-        self._dictionary = list(dictionary_columns)
+    def __init__(self, path: Path, spec: PipelineSpec):
+        import json
 
-    def append(self, frame: pd.DataFrame) -> None:
+        import pyarrow as pa
+
+        if FEATURES in (spec.label_column, spec.id_column):
+            raise SourceError(f"pipeline {spec.name!r}: the label or id column is named {FEATURES!r}, which the raw "
+                              "copy uses for the features; rename it in the pipeline (e.g. with csv_options)")
+        self.path, self.spec, self._writer = path, spec, None
+        fields = [pa.field(spec.id_column, pa.string())] if spec.id_column else []
+        fields += [pa.field(spec.label_column, pa.string()),
+                   pa.field(FEATURES, pa.list_(pa.float32(), len(spec.feature_columns)))]
+        self._schema = pa.schema(fields, metadata={FEATURE_COLUMNS_KEY: json.dumps(list(spec.feature_columns))})
+
+    def append(self, features: np.ndarray, labels: np.ndarray, ids: np.ndarray | None) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pandas(frame, preserve_index=False)
+        width = len(self.spec.feature_columns)
+        columns = [pa.array(ids, pa.string())] if self.spec.id_column else []
+        columns += [pa.array(labels, pa.string()),
+                    pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(features).reshape(-1)), width)]
         if self._writer is None:
-            self._schema = table.schema
-            self._writer = pq.ParquetWriter(self.path, self._schema, use_dictionary=self._dictionary)
-        self._writer.write_table(table.cast(self._schema))
+            self._writer = pq.ParquetWriter(self.path, self._schema, use_dictionary=[self.spec.label_column],
+                                            compression="lz4")
+        self._writer.write_table(pa.Table.from_arrays(columns, schema=self._schema))
 
     def close(self) -> None:
         if self._writer is not None:
@@ -112,14 +138,35 @@ class _ParquetAppender:
 
 
 def iter_raw_arrays(spec: PipelineSpec, path: Path, rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """The raw Parquet file in batches of ``rows``: (features float32, label texts, ids or None)."""
+    """The raw Parquet copy in batches of ``rows``: (features float32, label texts, ids or None),
+    decoded one batch ahead on another thread."""
+    return prefetched(_raw_batches(spec, path, rows))
+
+
+def _raw_batches(spec: PipelineSpec, path: Path, rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    import json
+
     import pyarrow.parquet as pq
 
-    cols = list(spec.feature_columns)
-    wanted = cols + [spec.label_column] + ([spec.id_column] if spec.id_column else [])
-    for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=rows, columns=wanted):
-        features = np.empty((batch.num_rows, len(cols)), dtype=np.float32)
-        for j, col in enumerate(cols):  # column by column: no float64 or pandas copy of the batch
-            features[:, j] = batch.column(col).to_numpy()
+    source = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file at once
+    stored = json.loads((source.schema_arrow.metadata or {}).get(FEATURE_COLUMNS_KEY, b"null"))
+    if stored != list(spec.feature_columns):
+        raise ValueError(f"the raw copy {path.name} holds features {stored}, not the pipeline's "
+                         f"{list(spec.feature_columns)[:5]}...; re-materialise the raw dataset")
+    width = len(stored)
+    for batch in source.iter_batches(batch_size=rows):
+        features = batch.column(FEATURES).flatten().to_numpy().reshape(batch.num_rows, width)
         yield (features, batch.column(spec.label_column).to_numpy(zero_copy_only=False).astype(str),
                batch.column(spec.id_column).to_numpy(zero_copy_only=False).astype(str) if spec.id_column else None)
+
+
+def read_raw(spec: PipelineSpec, path: Path) -> pd.DataFrame:
+    """The raw copy as one frame with the pipeline's columns (what ``validate_frame`` returns):
+    for notebooks and tests; the assets read it in batches."""
+    parts = list(iter_raw_arrays(spec, path, 1 << 16))
+    features = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, len(spec.feature_columns)), np.float32)
+    frame = pd.DataFrame(features, columns=list(spec.feature_columns))
+    frame[spec.label_column] = np.concatenate([p[1] for p in parts]) if parts else np.array([], dtype=str)
+    if spec.id_column:
+        frame[spec.id_column] = np.concatenate([p[2] for p in parts]) if parts else np.array([], dtype=str)
+    return frame

@@ -108,13 +108,34 @@ def load_frame(spec: PipelineSpec, sources_root: Path) -> tuple[pd.DataFrame, li
     return validate_frame(spec, frame), described
 
 
+Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (features float32 2-D, label texts, ids or None)
+
+
 def validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
     """Keep the pipeline's columns in canonical types; refuse frames training cannot use."""
-    fast = _validate_numeric_frame(spec, frame)
-    return fast if fast is not None else _validate_frame(spec, frame)
+    fast = _numeric_arrays(spec, frame)
+    if fast is None:
+        return _validate_frame(spec, frame)
+    features, labels, ids = fast
+    out = pd.DataFrame(features, columns=list(spec.feature_columns))
+    out[spec.label_column] = labels
+    if ids is not None:
+        out[spec.id_column] = ids
+    return out
 
 
-def _validate_numeric_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame | None:
+def validated_arrays(spec: PipelineSpec, frame: pd.DataFrame) -> Arrays:
+    """``validate_frame``'s rules and messages, returning arrays instead of a frame (what the
+    raw copy stores): the common case builds no frame of 256 float32 columns at all."""
+    fast = _numeric_arrays(spec, frame)
+    if fast is not None:
+        return fast
+    out = _validate_frame(spec, frame)
+    return (out[list(spec.feature_columns)].to_numpy(dtype=np.float32), out[spec.label_column].to_numpy(),
+            out[spec.id_column].to_numpy() if spec.id_column else None)
+
+
+def _numeric_arrays(spec: PipelineSpec, frame: pd.DataFrame) -> Arrays | None:
     """The common case vectorised: every feature column already numeric and nothing to refuse.
     Returns None for anything else, which ``_validate_frame`` then converts or refuses with its
     messages. One float64 conversion of all features replaces a per-column ``pd.to_numeric``
@@ -135,11 +156,7 @@ def _validate_numeric_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataF
     text = labels.map(_label_text).astype(str)
     if not set(text.unique()) <= set(spec.class_names):
         return None
-    out = pd.DataFrame(x.astype(np.float32), columns=cols)
-    out[spec.label_column] = text.to_numpy()
-    if ids is not None:
-        out[spec.id_column] = ids.astype(str).to_numpy()
-    return out[wanted]
+    return x.astype(np.float32), text.to_numpy(), None if ids is None else ids.astype(str).to_numpy()
 
 
 def _validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:

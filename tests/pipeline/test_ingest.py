@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from assets.ingest import ingest_chunks, iter_raw_arrays
+from assets.ingest import ingest_chunks, iter_raw_arrays, read_raw
 from assets.sharding import build_shards, build_shards_from_chunks
 from assets.source import SourceError, iter_frame_chunks, iter_source_chunks, validate_frame
 from assets.spec import PipelineSpec, Source, Split
@@ -55,7 +55,11 @@ def test_ingest_writes_the_validated_rows_whatever_the_chunk_size(tmp_path, rows
     frame = _frame()
     ingested = ingest_chunks(_spec(), "toy/raw_dataset", None, iter_frame_chunks(frame, rows), tmp_path / "raw.parquet")
     assert ingested.report.passed and ingested.rows == 500 and ingested.columns == 7
-    pd.testing.assert_frame_equal(pd.read_parquet(ingested.path), validate_frame(_spec(), frame))
+    pd.testing.assert_frame_equal(read_raw(_spec(), ingested.path), validate_frame(_spec(), frame),
+                                  check_dtype=False)  # str columns: object or pandas' str dtype
+    stored = pd.read_parquet(ingested.path)  # what a user reading the copy sees
+    assert list(stored.columns) == ["id", "y", "features"]
+    np.testing.assert_array_equal(np.stack(stored["features"]), frame[list(FEATURES)].to_numpy(np.float32))
 
 
 def test_an_id_repeated_in_a_later_chunk_fails_the_ingest(tmp_path):
@@ -76,7 +80,7 @@ def test_a_chunk_the_rules_refuse_stops_the_copy_but_not_the_suite(tmp_path):
     assert ingested.rows == 500
     assert "outside the known classes" in ingested.report.failures[0]
     assert "observed 500" in ingested.report.failures[1]  # the suite saw every chunk
-    assert len(pd.read_parquet(ingested.path)) == 300  # chunks before the bad one; never published
+    assert len(read_raw(_spec(), ingested.path)) == 300  # chunks before the bad one; never published
 
 
 def test_header_only_source_is_refused(tmp_path):
@@ -113,3 +117,11 @@ def test_shards_do_not_depend_on_source_row_order(tmp_path):
     a = build_shards(frame, out_dir=tmp_path / "a", **args)
     b = build_shards(frame.sample(frac=1.0, random_state=1), out_dir=tmp_path / "b", **args)
     assert a == b
+
+
+def test_a_raw_copy_of_other_features_is_refused_not_misread(tmp_path):
+    ingested = ingest_chunks(_spec(), "toy/raw_dataset", None, iter_frame_chunks(_frame(20), 10), tmp_path / "r.parquet")
+    other = PipelineSpec(name="toy", source=Source(paths=("toy.csv",)), feature_columns=FEATURES[::-1],
+                         label_column="y", class_names=("a", "b", "c"), id_column="id")
+    with pytest.raises(ValueError, match="re-materialise the raw dataset"):
+        next(iter_raw_arrays(other, ingested.path, 10))  # raised by the reader, handed over by its thread
