@@ -87,11 +87,23 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _skip_batch_fingerprints() -> None:
+    """GE fingerprints every in-memory batch under 1 GB (md5 over ``hash_pandas_object`` of all
+    cells, twice per validation) for a ``batch_markers`` entry nothing here reads. Skipping it
+    took the raw suite on a 27 MB source from 1.47-1.59 s to 1.01-1.26 s. The threshold is GE's
+    own switch for large frames; setting it to 0 marks every batch as too large to fingerprint."""
+    from great_expectations.execution_engine import pandas_execution_engine
+
+    if hasattr(pandas_execution_engine, "HASH_THRESHOLD"):
+        pandas_execution_engine.HASH_THRESHOLD = 0
+
+
 def _context():
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    _skip_batch_fingerprints()
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     return context
