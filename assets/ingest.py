@@ -28,7 +28,7 @@ from assets.prefetch import prefetched
 from assets.quality import QualityReport
 from assets.quality.chunked import ChunkedRawSuite
 from assets.source import SourceError, validated_arrays
-from assets.spec import PipelineSpec
+from assets.spec import RAW_FEATURES_COLUMN, PipelineSpec
 
 
 def dataset_prefix(dataset: str) -> str:
@@ -95,7 +95,7 @@ def _duplicate_ids(spec: PipelineSpec, parts: list[np.ndarray]) -> str | None:
             f"e.g. {str(ids[dup[0]])!r}; ids must be unique")
 
 
-FEATURES = "features"
+FEATURES = RAW_FEATURES_COLUMN
 FEATURE_COLUMNS_KEY = b"model_factory.feature_columns"
 
 
@@ -110,9 +110,6 @@ class _ParquetAppender:
 
         import pyarrow as pa
 
-        if FEATURES in (spec.label_column, spec.id_column):
-            raise SourceError(f"pipeline {spec.name!r}: the label or id column is named {FEATURES!r}, which the raw "
-                              "copy uses for the features; rename it in the pipeline (e.g. with csv_options)")
         self.path, self.spec, self._writer = path, spec, None
         fields = [pa.field(spec.id_column, pa.string())] if spec.id_column else []
         fields += [pa.field(spec.label_column, pa.string()),

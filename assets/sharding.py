@@ -137,26 +137,13 @@ def _write_shard(out_dir: Path, rel: str, features: np.ndarray, rows: np.ndarray
 Chunk = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (features float32, label texts, ids or None)
 
 
-def build_shards(
-    frame: pd.DataFrame,
-    *,
-    out_dir: Path,
-    feature_columns: tuple[str, ...],
-    label_column: str,
-    class_names: tuple[str, ...],
-    id_column: str | None,
-    feature_shape: tuple[int, ...],
-    seed: int,
-    fractions: tuple[float, float, float],
-    samples_per_shard: int,
-) -> dict:
-    """Split, normalise and shard an in-memory ``frame`` into ``out_dir``; return the manifest."""
+def build_shards(frame: pd.DataFrame, *, feature_columns: tuple[str, ...], label_column: str,
+                 id_column: str | None, **options) -> dict:
+    """``build_shards_from_chunks`` (same keyword ``options``) on an in-memory, validated ``frame``."""
     chunk = (frame[list(feature_columns)].to_numpy(dtype=np.float32), frame[label_column].astype(str).to_numpy(),
              frame[id_column].astype(str).to_numpy() if id_column else None)
-    return build_shards_from_chunks(
-        [chunk], out_dir=out_dir, feature_columns=feature_columns, label_column=label_column,
-        class_names=class_names, id_column=id_column, feature_shape=feature_shape, seed=seed,
-        fractions=fractions, samples_per_shard=samples_per_shard)
+    return build_shards_from_chunks([chunk], feature_columns=feature_columns, label_column=label_column,
+                                    id_column=id_column, **options)
 
 
 def build_shards_from_chunks(

@@ -40,20 +40,6 @@ def resolve_source_files(spec: PipelineSpec, sources_root: Path) -> list[Path]:
     return files
 
 
-def _read_one(path: Path, csv_options: dict) -> pd.DataFrame:
-    suffix = path.suffix.lower()
-    if path.stat().st_size == 0:
-        raise SourceError(f"source file {path.name!r} is empty (0 bytes)")
-    try:
-        if suffix in (".parquet", ".pq"):
-            return pd.read_parquet(path)
-        if suffix in (".csv", ".txt"):
-            return pd.read_csv(path, **csv_options)
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError, ValueError) as exc:
-        raise SourceError(f"source file {path.name!r} cannot be parsed: {type(exc).__name__}: {exc}") from exc
-    raise SourceError(f"source file {path.name!r}: unsupported type {suffix!r}; use .csv or .parquet")
-
-
 def iter_source_chunks(spec: PipelineSpec, files: list[Path], rows: int) -> Iterator[pd.DataFrame]:
     """The files' rows as parsed, at most ``rows`` at a time, in file order (CSV through pandas'
     chunked C reader with the pipeline's csv_options, Parquet by row batches). Every file yields
@@ -92,8 +78,8 @@ def iter_frame_chunks(frame: pd.DataFrame, rows: int) -> Iterator[pd.DataFrame]:
 
 
 def read_source(spec: PipelineSpec, files: list[Path]) -> pd.DataFrame:
-    frames = [_read_one(f, spec.source.csv_options) for f in files]
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    """The files as one frame (``iter_source_chunks``' chunks put together)."""
+    return pd.concat(iter_source_chunks(spec, files, spec.chunk_rows), ignore_index=True)
 
 
 def load_frame(spec: PipelineSpec, sources_root: Path) -> tuple[pd.DataFrame, list[dict]]:

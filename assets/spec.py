@@ -20,6 +20,10 @@ def _fail(pipeline: str, field_name: str, problem: str) -> None:
     raise PipelineDefinitionError(f"pipeline {pipeline!r}, field {field_name!r}: {problem}")
 
 
+# The column of the raw Parquet copy that holds all features (assets/ingest.py)
+RAW_FEATURES_COLUMN = "features"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Source:
     """Where a pipeline's raw data comes from: CSV/Parquet files, or a loader returning a frame."""
@@ -30,9 +34,6 @@ class Source:
     # Files are read this many MB of parsed cells (8 bytes each) at a time: ingesting holds one
     # chunk, its Great Expectations tables and a few bytes of keys per row, never the whole source.
     chunk_mb: float = 32.0
-
-    def rows_per_chunk(self, columns: int) -> int:
-        return max(1, int(self.chunk_mb * 2**20) // (8 * max(1, columns)))
 
     def describe(self) -> str:
         if self.loader is not None:
@@ -178,6 +179,9 @@ class PipelineSpec:
             _fail(n, "feature_columns", "a column is listed twice")
         if self.label_column in self.feature_columns:
             _fail(n, "label_column", f"{self.label_column!r} is also a feature column")
+        if RAW_FEATURES_COLUMN in (self.label_column, self.id_column):
+            _fail(n, "label_column/id_column", f"{RAW_FEATURES_COLUMN!r} names the raw copy's feature column; rename "
+                  "the column (e.g. with the source's csv_options or the loader)")
         if len(self.class_names) < 2 or len(set(self.class_names)) != len(self.class_names):
             _fail(n, "class_names", "give at least two distinct class names")
         fractions = (self.split.train, self.split.validation, self.split.test)
@@ -233,7 +237,7 @@ class PipelineSpec:
     @property
     def chunk_rows(self) -> int:
         """Source rows per chunk when ingesting and sharding (features, label and id columns)."""
-        return self.source.rows_per_chunk(len(self.feature_columns) + 2)
+        return max(1, int(self.source.chunk_mb * 2**20) // (8 * (len(self.feature_columns) + 2)))
 
     @property
     def dataset_name(self) -> str:

@@ -66,6 +66,8 @@ from assets.spec import QualitySuite, Triggers, model_pipeline, resolve_shared  
         ({"expectations": QualitySuite(raw=lambda s: {})}, "expectations"),
         ({"triggers": Triggers(cron="every monday")}, "triggers.cron"),
         ({"team": "Team A"}, "team"),
+        ({"label_column": "features"}, "label_column/id_column"),  # the raw copy's feature column
+        ({"source": Source(paths=("toy/*.csv",), chunk_mb=0)}, "source.chunk_mb"),
     ],
 )
 def test_more_invalid_definitions_name_pipeline_and_field(kw, field):
