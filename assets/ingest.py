@@ -28,7 +28,7 @@ from assets.prefetch import prefetched
 from assets.quality import QualityReport
 from assets.quality.chunked import ChunkedRawSuite
 from assets.source import SourceError, validated_arrays
-from assets.spec import RAW_FEATURES_COLUMN, PipelineSpec
+from core.spec import RAW_FEATURES_COLUMN, PipelineSpec
 
 
 def dataset_prefix(dataset: str) -> str:

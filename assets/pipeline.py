@@ -14,24 +14,19 @@ from pathlib import Path
 import dagster as dg
 
 from assets import ingest, quality
-from assets.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
 from assets.sharding import build_shards_from_chunks, sample_bytes
 from assets.source import SourceError, file_sha256, iter_frame_chunks, iter_source_chunks, resolve_source_files
-from assets.spec import PipelineSpec
+from core.spec import PipelineSpec
+from ops.evaluation import build_evaluation_op
+from ops.runs import TRANSIENT_RETRY, commit_metadata, commit_or_head, ensure_run_branch
+from ops.training import build_training_op
+from resources.platform import PlatformSettings, VersionedStoreResource
 from resources.store.base import MAIN
-from resources.platform import (
-    ArtifactStoreResource,
-    PlatformSettings,
-    TrainingLauncherResource,
-    VersionedStoreResource,
-)
 
 
 SOURCE_COMMIT_TAG = "platform/source_commit"  # the store commit whose sources/ a run ingests
 SOURCES_PREFIX = "sources/"
 RAW_CHECK, SHARDS_CHECK = "raw_expectations", "shard_expectations"
-# Store and launcher hiccups are retried; data and quality failures raise Failure(allow_retries=False).
-TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPONENTIAL)
 
 
 def asset_keys(name: str) -> dict[str, dg.AssetKey]:
@@ -130,54 +125,27 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
 
 
 def _model_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
+    """Graph-backed assets: each runs one op of ops/ (the distributed training op, the evaluation op)."""
     keys = pipeline_asset_keys(spec)
     name = spec.name
     shared = f" (shared dataset {spec.dataset!r})" if spec.dataset else ""
+    train, evaluate = build_training_op(spec), build_evaluation_op(spec)
 
-    @dg.asset(key=keys["checkpoint"], group_name=name, ins={"shards": dg.AssetIn(keys["shards"])},
-              kinds={"pytorch"}, retry_policy=dg.RetryPolicy(max_retries=1, delay=2),
-              tags={"platform/gpus": str(spec.gpus)},
-              description=f"{spec.model} trained on {spec.dataset_name}'s shards{shared} by the distributed training op.")
-    def checkpoint(context: dg.AssetExecutionContext, shards: dict, platform: PlatformSettings,
-                   store: VersionedStoreResource, artifacts: ArtifactStoreResource,
-                   launcher: TrainingLauncherResource) -> dg.Output[dict]:
-        from ops.training import run_distributed_training
-        from pipelines.automation import gpu_units
+    @dg.graph_asset(key=keys["checkpoint"], group_name=name, ins={"shards": dg.AssetIn(keys["shards"])},
+                    kinds={"pytorch"}, tags={"platform/gpus": str(spec.gpus)},
+                    description=f"{spec.model} trained on {spec.dataset_name}'s shards{shared} by the distributed "
+                                "training op.")
+    def checkpoint(shards):
+        return train(shards)
 
-        s = store.get()
-        branch = ensure_run_branch(s, context.run_id)
-        with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), spec.gpus,
-                       log=context.log):
-            result = run_distributed_training(context, spec, shards, s, launcher.get(),
-                                              platform.checkpoints_root / name / root_run_id(context))
-        weights_path = f"models/{name}/checkpoints/{context.run_id}/weights.pt"
-        weights_uri = artifacts.get().put_file(result.output_dir / "weights.pt", weights_path)
-        s.put_file(branch, weights_path, result.output_dir / "weights.pt")
-        for extra in ("resolved_config.json", "metrics.json"):
-            s.put_file(branch, weights_path.replace("weights.pt", extra), result.output_dir / extra)
-        commit_id = commit_or_head(s, branch, f"Train {name}", commit_metadata(
-            context, platform.run_url(context.run_id), shards_commit=shards["commit_id"], dataset=shards["dataset"]))
-        value = {"commit_id": commit_id, "weights_path": weights_path, "weights_uri": weights_uri,
-                 "weights_sha256": result.weights_sha256, "shards_commit": shards["commit_id"]}
-        return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri,
-            "dataset": shards["dataset"], "shards_commit": shards["commit_id"]})
-
-    @dg.asset(key=keys["model_version"], group_name=name, kinds={"pytorch"}, retry_policy=TRANSIENT_RETRY,
-              ins={"checkpoint": dg.AssetIn(keys["checkpoint"]), "shards": dg.AssetIn(keys["shards"]),
-                   "raw": dg.AssetIn(keys["raw_dataset"])},
-              automation_condition=dg.AutomationCondition.eager(),
-              description=f"{name} evaluated on the held-out test split, registered and published if it passes the gate.")
-    def model_version(context: dg.AssetExecutionContext, checkpoint: dict, shards: dict, raw: dict,
-                      platform: PlatformSettings, store: VersionedStoreResource) -> dg.Output[dict]:
-        from ops.evaluation import evaluate_and_register
-
-        s = store.get()
-        branch = ensure_run_branch(s, context.run_id)
-        outcome = evaluate_and_register(context, spec, s, branch, checkpoint, shards, raw,
-                                        platform.run_url(context.run_id))
-        return dg.Output(outcome.value, data_version=dg.DataVersion(outcome.value["commit_id"]),
-                         metadata=outcome.metadata)
+    @dg.graph_asset(key=keys["model_version"], group_name=name, kinds={"pytorch"},
+                    ins={"checkpoint": dg.AssetIn(keys["checkpoint"]), "shards": dg.AssetIn(keys["shards"]),
+                         "raw": dg.AssetIn(keys["raw_dataset"])},
+                    automation_condition=dg.AutomationCondition.eager(),
+                    description=f"{name} evaluated on the held-out test split, registered and published if it "
+                                "passes the gate.")
+    def model_version(checkpoint, shards, raw):
+        return evaluate(checkpoint, shards, raw)
 
     return [checkpoint, model_version]
 

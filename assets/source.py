@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from assets.spec import PipelineSpec
+from core.spec import PipelineSpec
 
 
 class SourceError(ValueError):

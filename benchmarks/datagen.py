@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from assets.sharding import build_shards, sample_bytes, write_split_shards
-from assets.spec import Split
+from core.spec import Split
 
 NUM_CLASSES = 10
 

@@ -20,7 +20,7 @@ PIPELINE = "bench_overhead"
 
 
 def spec(source_rel: str, dim: int, epochs: int, batch: int):
-    from assets.spec import model_pipeline
+    from core.spec import model_pipeline
 
     return model_pipeline(
         PIPELINE, source=source_rel, features=[f"f{i}" for i in range(dim)], label="label",

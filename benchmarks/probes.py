@@ -101,7 +101,7 @@ def stall(a: dict) -> dict:
 
 # ---------------------------------------------------------------- preprocessing
 def _bench_spec(csv_name: str, dim: int, samples_per_shard: int, chunk_mb: float = 32.0):
-    from assets.spec import Source, model_pipeline
+    from core.spec import Source, model_pipeline
 
     return model_pipeline(
         "bench", source=Source(paths=(csv_name,), chunk_mb=chunk_mb), features=[f"f{i}" for i in range(dim)],

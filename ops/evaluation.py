@@ -1,6 +1,6 @@
-"""Evaluate a checkpoint on the held-out test split, apply the quality gate, register a version."""
+"""The evaluation op: evaluate a checkpoint on the held-out test split, apply the quality gate,
+register a version. ``build_evaluation_op(spec)`` is what the model_version asset runs."""
 
-from __future__ import annotations
 
 import json
 import tempfile
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import lineage, training
-from assets.runs import commit_metadata
-from assets.spec import PipelineSpec
-from assets.versions import register_version
+from core import lineage
+from core.pinned_shards import read_pinned_shards
+from core.spec import PipelineSpec
+from core.versions import register_version
+from ops.runs import TRANSIENT_RETRY, commit_metadata, ensure_run_branch
+from resources.platform import PlatformSettings, VersionedStoreResource
 from resources.store.base import VersionedStore
 
 
@@ -26,23 +28,22 @@ def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -
     """(test metrics, validation metrics, resolved config, weights bytes) read at pinned commits."""
     from training_runtime.evaluate import evaluate
 
-    manifest = json.loads(store.get_object(shards["commit_id"], shards["manifest_path"]))
-    locations = training.shard_locations(store, shards["commit_id"], shards["prefix"], manifest)
-    endpoint = store.pinned_location(shards["commit_id"], shards["manifest_path"]).s3_endpoint_url
+    pinned = read_pinned_shards(store, shards["commit_id"], shards["manifest_path"])
     ckpt_dir = checkpoint["weights_path"].rsplit("/", 1)[0] + "/"
     with tempfile.TemporaryDirectory(prefix="evaluate-") as tmp:
         out = Path(tmp)
         for name in ("weights.pt", "resolved_config.json"):
             store.download(checkpoint["commit_id"], ckpt_dir + name, out / name)
         weights = (out / "weights.pt").read_bytes()
-        test = evaluate(out, manifest, locations, split="test", s3_endpoint_url=endpoint)
-        val = evaluate(out, manifest, locations, split="validation", s3_endpoint_url=endpoint)
+        test = evaluate(out, pinned.manifest, pinned.locations, split="test", s3_endpoint_url=pinned.s3_endpoint_url)
+        val = evaluate(out, pinned.manifest, pinned.locations, split="validation",
+                       s3_endpoint_url=pinned.s3_endpoint_url)
         resolved = json.loads((out / "resolved_config.json").read_text())
     return test, val, resolved, weights
 
 
 def evaluate_and_register(
-    context: dg.AssetExecutionContext, spec: PipelineSpec, store: VersionedStore, branch: str,
+    context: dg.OpExecutionContext, spec: PipelineSpec, store: VersionedStore, branch: str,
     checkpoint: dict, shards: dict, raw: dict, run_url: str,
 ) -> Outcome:
     test, val, resolved, weights = evaluate_checkpoint(store, checkpoint, shards)
@@ -82,6 +83,24 @@ def evaluate_and_register(
         "lineage": dg.MetadataValue.md(lineage_table(record_for(reg.version) | {"version_commit": reg.commit_id})),
     }
     return Outcome(value=value, metadata=metadata)
+
+
+def build_evaluation_op(spec: PipelineSpec) -> dg.OpDefinition:
+    """The evaluation op of one pipeline: checkpoint, shards and raw data in, model version out."""
+
+    @dg.op(name=f"{spec.name}_evaluation", retry_policy=TRANSIENT_RETRY, out=dg.Out(dict),
+           ins={"checkpoint": dg.In(dict), "shards": dg.In(dict), "raw": dg.In(dict)},
+           description="Evaluate on the pinned test split, apply the quality gate, register and publish.")
+    def evaluation(context: dg.OpExecutionContext, checkpoint: dict, shards: dict, raw: dict,
+                   platform: PlatformSettings, store: VersionedStoreResource):
+        s = store.get()
+        branch = ensure_run_branch(s, context.run_id)
+        outcome = evaluate_and_register(context, spec, s, branch, checkpoint, shards, raw,
+                                        platform.run_url(context.run_id))
+        return dg.Output(outcome.value, data_version=dg.DataVersion(outcome.value["commit_id"]),
+                         metadata=outcome.metadata)
+
+    return evaluation
 
 
 def data_checks(raw: dict, shards: dict) -> dict:

@@ -10,8 +10,8 @@ import time
 import dagster as dg
 from pydantic import Field
 
-from assets.lineage import commit_ids
-from assets.registry import list_models, list_versions, read_lineage
+from core.lineage import commit_ids
+from core.registry import list_models, list_versions, read_lineage
 from resources.platform import VersionedStoreResource
 from resources.store.base import VersionedStore
 

@@ -1,6 +1,10 @@
-"""The distributed training op: launch the runtime on the pinned shards, collect its results."""
+"""The distributed training op: launch the runtime on the pinned shards, collect its results.
 
-from __future__ import annotations
+``build_training_op(spec)`` is the op the checkpoint asset runs (assets/pipeline.py composes it
+as a graph-backed asset): it holds the pipeline's GPU units, launches the workers through the
+launcher resource, and commits the weights to the run branch.
+"""
+
 
 import hashlib
 import json
@@ -9,9 +13,18 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import plots, training
-from assets.spec import PipelineSpec
+from core.pinned_shards import read_pinned_shards
+from core.spec import PipelineSpec
+from ops import training_config as training
+from ops.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
+from resources.gpu_pool import gpu_units
 from resources.launch.base import TrainingLauncher
+from resources.platform import (
+    ArtifactStoreResource,
+    PlatformSettings,
+    TrainingLauncherResource,
+    VersionedStoreResource,
+)
 from resources.store.base import VersionedStore
 
 
@@ -31,6 +44,8 @@ class TrainingResult:
         if self.metrics.get("per_rank_step_time_s"):
             meta["per_rank_step_time_s"] = dg.MetadataValue.json(self.metrics["per_rank_step_time_s"])
         if self.metrics.get("loss_history"):
+            from ops import plots  # deferred: matplotlib is not needed to load definitions
+
             png = plots.loss_curve_png(self.metrics["loss_history"], f"{model}: training loss")
             meta["loss_curve"] = dg.MetadataValue.md(plots.markdown_image(png, "loss curve"))
         if self.telemetry:
@@ -44,13 +59,11 @@ def run_distributed_training(
     launcher: TrainingLauncher, work_dir: Path,
 ) -> TrainingResult:
     """Train on the shards at their pinned commit; resumes from ``work_dir``'s checkpoints."""
-    manifest = json.loads(store.get_object(shards["commit_id"], shards["manifest_path"]))
-    locations = training.shard_locations(store, shards["commit_id"], shards["prefix"], manifest)
+    pinned = read_pinned_shards(store, shards["commit_id"], shards["manifest_path"])
     output_dir = work_dir / "output"
     config = training.runtime_config(
-        spec, manifest=manifest, locations=locations, commit_id=shards["commit_id"],
-        checkpoint_dir=work_dir / "checkpoints", output_dir=output_dir,
-        s3_endpoint_url=_s3_endpoint(store, shards["commit_id"], shards["manifest_path"]),
+        spec, manifest=pinned.manifest, locations=pinned.locations, commit_id=shards["commit_id"],
+        checkpoint_dir=work_dir / "checkpoints", output_dir=output_dir, s3_endpoint_url=pinned.s3_endpoint_url,
     )
     job = training.training_job(spec, context.run_id, config)
     context.log.info(f"Launching {job.nnodes}x{job.nproc_per_node} training workers for {spec.name} "
@@ -70,5 +83,34 @@ def run_distributed_training(
     )
 
 
-def _s3_endpoint(store: VersionedStore, commit_id: str, path: str) -> str | None:
-    return store.pinned_location(commit_id, path).s3_endpoint_url
+def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
+    """The distributed training op of one pipeline: shards (pinned commit) in, checkpoint out."""
+    name = spec.name
+
+    @dg.op(name=f"{name}_distributed_training", retry_policy=dg.RetryPolicy(max_retries=1, delay=2),
+           tags={"platform/gpus": str(spec.gpus)}, ins={"shards": dg.In(dict)}, out=dg.Out(dict),
+           description=f"Train {spec.model} with torchrun workers on {spec.dataset_name}'s pinned shards; "
+                       "a retry resumes from the run's checkpoints.")
+    def distributed_training(context: dg.OpExecutionContext, shards: dict, platform: PlatformSettings,
+                             store: VersionedStoreResource, artifacts: ArtifactStoreResource,
+                             launcher: TrainingLauncherResource):
+        s = store.get()
+        branch = ensure_run_branch(s, context.run_id)
+        with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), spec.gpus,
+                       log=context.log):
+            result = run_distributed_training(context, spec, shards, s, launcher.get(),
+                                              platform.checkpoints_root / name / root_run_id(context))
+        weights_path = f"models/{name}/checkpoints/{context.run_id}/weights.pt"
+        weights_uri = artifacts.get().put_file(result.output_dir / "weights.pt", weights_path)
+        s.put_file(branch, weights_path, result.output_dir / "weights.pt")
+        for extra in ("resolved_config.json", "metrics.json"):
+            s.put_file(branch, weights_path.replace("weights.pt", extra), result.output_dir / extra)
+        commit_id = commit_or_head(s, branch, f"Train {name}", commit_metadata(
+            context, platform.run_url(context.run_id), shards_commit=shards["commit_id"], dataset=shards["dataset"]))
+        value = {"commit_id": commit_id, "weights_path": weights_path, "weights_uri": weights_uri,
+                 "weights_sha256": result.weights_sha256, "shards_commit": shards["commit_id"]}
+        return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
+            **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri,
+            "dataset": shards["dataset"], "shards_commit": shards["commit_id"]})
+
+    return distributed_training

@@ -13,7 +13,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from assets.registry import (
+from core.registry import (
     PRODUCTION,
     AliasError,
     UnknownModelVersionError,
@@ -75,7 +75,7 @@ def _print_lineage(profile: Profile, model: str, version: int | None, as_json: b
         annotated = {**record, "annotations": {"comments": comments, PRODUCTION: alias}}
         print(json.dumps(annotated, indent=2, sort_keys=True))
         return 0
-    from assets.lineage import commit_ids  # imports torch: only where needed
+    from core.lineage import commit_ids  # imports torch: only where needed
 
     resolved = {name: _resolves(store, cid) for name, cid in commit_ids(record).items()}
     print(format_lineage(record, resolved, production=alias, comments=comments))
@@ -382,8 +382,8 @@ def run_torchrun(config: dict, world_size: int, work_dir: Path) -> Path:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from assets.code_version import code_version
-    from assets.training import shard_locations
+    from core.code_version import code_version
+    from core.pinned_shards import read_pinned_shards
     from training_runtime.evaluate import evaluate
 
     profile = Profile.from_environment()
@@ -391,9 +391,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     record = read_lineage(store, args.model, args.version)
     shards_commit = record["data"]["shards_commit"]
     manifest_path = record["data"]["manifest_path"]
-    manifest = json.loads(store.get_object(shards_commit, manifest_path))
-    locations = shard_locations(store, shards_commit, manifest_path.rsplit("/", 1)[0] + "/", manifest)
-    endpoint = store.pinned_location(shards_commit, manifest_path).s3_endpoint_url
+    pinned = read_pinned_shards(store, shards_commit, manifest_path)
+    manifest, locations, endpoint = pinned.manifest, pinned.locations, pinned.s3_endpoint_url
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     work_dir = Path(args.work_dir or profile.data_root / "reproductions" / f"{args.model}-v{record['version']}-{stamp}")
     config = reproduction_config(record, manifest, locations, work_dir.resolve())

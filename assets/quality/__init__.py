@@ -1,7 +1,7 @@
 """Great Expectations gates on the raw dataset and the shards (blocking Dagster asset checks)."""
 
 from assets.quality.runner import QualityReport, run_suite
-from assets.quality.standard import standard_raw_expectations, standard_shard_expectations
+from core.expectations import standard_raw_expectations, standard_shard_expectations
 from assets.quality.tables import raw_tables, shard_tables
 
 __all__ = ["QualityReport", "run_suite", "raw_tables", "shard_tables", "standard_raw_expectations",

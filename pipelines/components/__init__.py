@@ -24,7 +24,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.pipeline import asset_keys
-from assets.spec import PipelineDefinitionError, PipelineSpec, QualitySuite, model_pipeline
+from core.spec import PipelineDefinitionError, PipelineSpec, QualitySuite, model_pipeline
 
 DEFS_MODULE = "pipelines.defs"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ class ModelPipelineComponent(dg.Component, dg.Model, dg.Resolvable):
             split=self.split or None, team=self.team, description=self.description)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from pipelines.definitions import pipeline_definitions
+        from pipelines.assembly import pipeline_definitions
         from pipelines.models import PIPELINES
         from pipelines.profiles import Profile
 

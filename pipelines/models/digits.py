@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from assets.spec import model_pipeline
+from core.spec import model_pipeline
 from pipelines.models import digits_expectations
 
 PIXELS = tuple(f"pixel_{i}" for i in range(64))

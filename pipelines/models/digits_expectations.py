@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from assets.quality import standard_raw_expectations, standard_shard_expectations
-from assets.spec import PipelineSpec, QualitySuite
+from core.spec import PipelineSpec, QualitySuite
 
 
 def raw(spec: PipelineSpec) -> dict[str, list]:

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from assets.quality import standard_raw_expectations, standard_shard_expectations
-from assets.spec import QualitySuite, model_pipeline
+from core.spec import QualitySuite, model_pipeline
 
 FEATURES = ("alcohol", "malic_acid", "ash", "alcalinity_of_ash", "magnesium", "total_phenols", "flavanoids",
             "nonflavanoid_phenols", "proanthocyanins", "color_intensity", "hue",

@@ -19,8 +19,9 @@ from dagster._core.test_utils import create_run_for_test, create_test_daemon_wor
 from dagster._core.workspace.load_target import EmptyWorkspaceTarget
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-from assets.spec import Recipe
-from pipelines.automation import GPU_POOL, MODEL_TAG, PRIORITY_TAG, TEAM_TAG, _claim_all, gpu_capacity, gpu_units
+from core.spec import Recipe
+from pipelines.automation import MODEL_TAG, PRIORITY_TAG, TEAM_TAG
+from resources.gpu_pool import GPU_POOL, _claim_all, gpu_capacity, gpu_units
 from pipelines.models.digits import digits_pipeline
 
 INSTANCE_YAML = Path(__file__).resolve().parents[2] / "dagster_home" / "dagster.yaml"

@@ -11,7 +11,7 @@ import pytest
 from dagster._core.test_utils import create_run_for_test
 
 from assets.pipeline import SOURCE_COMMIT_TAG
-from assets.spec import Source, Triggers
+from core.spec import Source, Triggers
 from pipelines.automation import MODEL_TAG, PRIORITY_TAG, TRIGGER_TAG
 from pipelines.definitions import build_definitions, training_job_name
 from pipelines.models.digits import digits_frame, digits_pipeline

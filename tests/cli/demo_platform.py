@@ -25,7 +25,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
-from assets.spec import PipelineSpec
+from core.spec import PipelineSpec
 from pipelines.definitions import build_definitions, training_job_name
 from pipelines.models.digits import digits_pipeline, write_digits_source
 from pipelines.profiles import Profile

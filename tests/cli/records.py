@@ -6,7 +6,7 @@ import copy
 import json
 from pathlib import Path
 
-from assets.registry import lineage_path, version_tag
+from core.registry import lineage_path, version_tag
 from resources.store.base import MAIN
 from resources.store.factory import make_store
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets.registry import read_alias, read_lineage
+from core.registry import read_alias, read_lineage
 from tests.cli.demo_platform import DROPPED_ROWS, shared_demo_platform
 
 pytestmark = pytest.mark.slow

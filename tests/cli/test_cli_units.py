@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from assets.registry import (
+from core.registry import (
     AliasError,
     UnknownModelVersionError,
     add_comment,

@@ -65,6 +65,6 @@ def test_notebook_lists_compares_plots_and_predicts(demo, monkeypatch, tmp_path)
 
 
 def cli_record(store, version: int) -> dict:
-    from assets.registry import read_lineage
+    from core.registry import read_lineage
 
     return read_lineage(store, "digits", version)

@@ -2,7 +2,7 @@
 
 import json
 
-from assets.registry import lineage_path, version_tag
+from core.registry import lineage_path, version_tag
 from ops.housekeeping import stale_run_branches
 from resources.store.local import LocalVersionedStore
 

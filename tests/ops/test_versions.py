@@ -10,8 +10,8 @@ def _store(tmp_path):
 
 
 def test_a_version_published_without_its_tag_is_tagged_on_the_next_registration(tmp_path):
-    from assets.registry import list_versions
-    from assets.versions import register_version
+    from core.registry import list_versions
+    from core.versions import register_version
 
     s = _store(tmp_path)
     s.create_branch("run-a", "main")
@@ -27,9 +27,9 @@ def test_a_version_published_without_its_tag_is_tagged_on_the_next_registration(
 
 
 def test_two_runs_racing_for_a_version_number_both_register(tmp_path, monkeypatch):
-    import assets.versions as versions
-    from assets.registry import list_versions, next_version, read_lineage
-    from assets.versions import register_version
+    import core.versions as versions
+    from core.registry import list_versions, next_version, read_lineage
+    from core.versions import register_version
 
     s = _store(tmp_path)
     for run in ("a", "b"):

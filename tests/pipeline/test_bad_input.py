@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from assets.registry import list_versions
+from core.registry import list_versions
 from pipelines.models.digits import PIXELS, digits_pipeline, write_digits_source
 from tests.pipeline.conftest import failure_messages
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from assets.lineage import commit_ids
-from assets.registry import list_versions, read_lineage
-from assets.spec import QualityGate
+from core.lineage import commit_ids
+from core.registry import list_versions, read_lineage
+from core.spec import QualityGate
 from pipelines.models.digits import digits_pipeline, write_digits_source
 from tests.pipeline.conftest import failure_messages
 

@@ -10,7 +10,7 @@ import pytest
 from assets.ingest import ingest_chunks, iter_raw_arrays, read_raw
 from assets.sharding import build_shards, build_shards_from_chunks
 from assets.source import SourceError, iter_frame_chunks, iter_source_chunks, validate_frame
-from assets.spec import PipelineSpec, Source, Split
+from core.spec import PipelineSpec, Source, Split
 
 FEATURES = tuple(f"f{i}" for i in range(5))
 

@@ -9,7 +9,7 @@ import json
 import dagster as dg
 import pytest
 
-from assets.registry import list_versions, read_lineage
+from core.registry import list_versions, read_lineage
 from pipelines.components import ModelPipelineComponent, load_component_tree, yaml_pipelines
 from pipelines.definitions import build_definitions
 from pipelines.models.digits import digits_pipeline, write_digits_source

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from assets.source import SourceError, load_frame
-from assets.spec import PipelineSpec, Source
+from core.spec import PipelineSpec, Source
 
 
 def _spec(**kw) -> PipelineSpec:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from assets.spec import PipelineDefinitionError, PipelineSpec, Recipe, Source, Split
+from core.spec import PipelineDefinitionError, PipelineSpec, Recipe, Source, Split
 
 
 def _spec(**kw):
@@ -56,7 +56,7 @@ def test_model_import_path_is_accepted_and_resolved_by_the_runtime():
 
 # --- shared datasets, suites, triggers, the model_pipeline API and YAML components ------------------
 
-from assets.spec import QualitySuite, Triggers, model_pipeline, resolve_shared  # noqa: E402
+from core.spec import QualitySuite, Triggers, model_pipeline, resolve_shared  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ import pytest
 
 from assets.pipeline import RAW_CHECK, SHARDS_CHECK
 from assets.quality import standard_raw_expectations, standard_shard_expectations
-from assets.registry import list_versions
-from assets.spec import QualitySuite, Source
+from core.registry import list_versions
+from core.spec import QualitySuite, Source
 from pipelines.models import digits as digits_module
 from pipelines.models.digits import PIXELS, SOURCE_FILE, digits_pipeline
 from tests.pipeline.conftest import Platform, failure_messages
@@ -133,7 +133,8 @@ def test_malformed_source_fails_before_training_and_leaves_main_alone(shared_pla
     assert not result.success
     assert message in failure_messages(result), failure_messages(result)
     steps = {e.step_key for e in result.all_events if e.is_step_start}
-    assert "digits__checkpoint" not in steps  # failed before training
+    assert "digits__raw_dataset" in steps
+    assert not [s for s in steps if s.startswith("digits__checkpoint")]  # failed before training
     _assert_main_untouched(store, main_before)
     if failed_check:
         _assert_failed_check_recorded(result, store, failed_check)

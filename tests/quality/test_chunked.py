@@ -7,9 +7,9 @@ import pytest
 
 from assets.quality.chunked import ChunkedRawSuite, placement
 from assets.quality.runner import run_suite
-from assets.quality.standard import standard_raw_expectations
+from core.expectations import standard_raw_expectations
 from assets.quality.tables import raw_tables
-from assets.spec import PipelineSpec, Source
+from core.spec import PipelineSpec, Source
 
 E = gx.expectations
 FEATURES = ("f0", "f1", "f2")

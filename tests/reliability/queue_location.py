@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipelines.automation import gpu_units
+from resources.gpu_pool import gpu_units
 
 
 class GpuWorkConfig(dg.Config):

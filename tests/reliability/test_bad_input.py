@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from assets.spec import PipelineDefinitionError, PipelineSpec, Source
+from core.spec import PipelineDefinitionError, PipelineSpec, Source
 from resources.store.base import StoreError, validate_object_path, validate_ref_name
 from resources.store.local import LocalVersionedStore
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from assets.registry import read_lineage
+from core.registry import read_lineage
 from tests.reliability.platforms import definitions, lakefs_store_resource, run_train, s3_credentials_in_env
 from tests.support.lakefs_server import LakeFSTestServer
 

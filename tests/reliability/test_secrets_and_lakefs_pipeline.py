@@ -9,8 +9,8 @@ import secrets
 
 import pytest
 
-from assets.lineage import commit_ids
-from assets.registry import read_lineage
+from core.lineage import commit_ids
+from core.registry import read_lineage
 from tests.reliability.platforms import definitions, lakefs_store_resource, run_train, s3_credentials_in_env
 from tests.support.lakefs_server import LakeFSTestServer
 

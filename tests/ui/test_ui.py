@@ -14,7 +14,7 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 from playwright.sync_api import Page, expect, sync_playwright
 
-from assets.registry import read_lineage
+from core.registry import read_lineage
 from tests.cli.demo_platform import shared_demo_platform
 from tests.ui.webserver import REPO, running_webserver
 

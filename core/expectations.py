@@ -6,9 +6,17 @@ what it knows about its data (value ranges, row counts).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from assets.spec import PipelineSpec
+
+class PipelineSpec(Protocol):
+    """What the suites read of a pipeline spec (core.spec.PipelineSpec; this module sits below it,
+    since the spec's default suite is built from these functions)."""
+
+    feature_columns: tuple[str, ...]
+    label_column: str
+    class_names: tuple[str, ...]
+    id_column: str | None
 
 
 NUMERIC_TYPES = ["int", "float", "int32", "int64", "float32", "float64", "Int64", "Float64"]

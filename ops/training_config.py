@@ -1,21 +1,12 @@
-"""The checkpoint asset's pure parts: the runtime config from a recipe, and figures from results."""
+"""The training op's pure parts: the runtime config from a recipe, the job, and figures from results."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from assets.spec import PipelineSpec
+from core.spec import PipelineSpec
 from resources.launch.base import GpuRequest, TrainingJob
-
-
-def shard_locations(store, commit_id: str, prefix: str, manifest: dict) -> dict[str, str]:
-    """Every shard's pinned location at ``commit_id``: workers never read a moving branch."""
-    return {
-        entry["path"]: store.pinned_location(commit_id, prefix + entry["path"]).uri
-        for split in manifest["splits"].values()
-        for entry in split["shards"]
-    }
 
 
 def runtime_config(

@@ -6,9 +6,7 @@ import platform
 import sys
 from datetime import datetime, timezone
 
-import torch
-
-from assets.code_version import code_version
+from core.code_version import code_version
 
 
 def build_lineage_record(
@@ -16,6 +14,8 @@ def build_lineage_record(
     resolved_config: dict, metrics: dict, evaluation: dict, gate: dict, run_id: str, run_url: str,
     links: dict[str, str] | None = None, checks: dict | None = None,
 ) -> dict:
+    import torch  # deferred: loading definitions must not import torch
+
     train = resolved_config.get("train", {})
     return {
         "model": model,

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from assets.registry import lineage_path, list_versions, next_version, version_prefix, version_tag
+from core.registry import lineage_path, list_versions, next_version, version_prefix, version_tag
 from resources.store.base import MAIN, MergeConflictError, StoreError, VersionedStore
 
 

@@ -6,8 +6,11 @@ import json
 
 import dagster as dg
 
-from assets.code_version import code_version
+from core.code_version import code_version
 from resources.store.base import MAIN, Commit, VersionedStore
+
+# Store and launcher hiccups are retried; data and quality failures raise Failure(allow_retries=False).
+TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=1, backoff=dg.Backoff.EXPONENTIAL)
 
 # lakeFS shows commit metadata keys of this form as a link in its UI.
 LAKEFS_UI_LINK_KEY = "::lakefs::Dagster::url[url:ui]"

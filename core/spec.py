@@ -9,6 +9,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
+from core.expectations import standard_raw_expectations, standard_shard_expectations
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -122,8 +124,6 @@ class QualitySuite:
 
     @classmethod
     def standard(cls) -> "QualitySuite":
-        from assets.quality.standard import standard_raw_expectations, standard_shard_expectations
-
         return cls(raw=standard_raw_expectations, shards=standard_shard_expectations)
 
 

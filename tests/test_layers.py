@@ -1,0 +1,92 @@
+"""Layers point one way: pipelines -> assets -> ops -> core -> resources, training_runtime alone.
+
+Every import of the project's own packages, anywhere in a file (deferred imports included), must
+point at the same layer or one below; and no modules import each other in a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Highest first. training_runtime runs in the pods on its own: it imports none of the others.
+LAYERS = ["pipelines", "assets", "ops", "core", "resources", "training_runtime"]
+RANK = {name: i for i, name in enumerate(LAYERS)}
+
+
+def project_modules() -> dict[str, Path]:
+    found = {}
+    for layer in LAYERS:
+        for path in (REPO / layer).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            found[name] = path
+    return found
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules ``path`` imports (``from pkg import mod`` counts as importing pkg.mod)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules]
+            names.update(subs if len(subs) == len(node.names) else [node.module, *subs])
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    out = set()
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            out.add(name)
+    return out
+
+
+def upward_imports(modules: dict[str, Path]) -> list[str]:
+    bad = []
+    for name, path in sorted(modules.items()):
+        mine = name.split(".")[0]
+        for target in sorted(imports_of(path, modules)):
+            theirs = target.split(".")[0]
+            allowed = theirs == mine if mine == "training_runtime" else (
+                theirs == "training_runtime" or RANK[theirs] >= RANK[mine])
+            if not allowed:
+                bad.append(f"{name} imports {target} ({mine} may import only {LAYERS[RANK[mine]:]})")
+    return bad
+
+
+def import_circles(modules: dict[str, Path]) -> list[list[str]]:
+    """Groups of modules that reach each other through imports."""
+    graph = {m: imports_of(p, modules) - {m} for m, p in modules.items()}
+    reach = {m: _reachable(graph, m) for m in graph}
+    groups = {tuple(sorted({m} | {o for o in reach[m] if m in reach[o]})) for m in graph if m in reach[m]}
+    return sorted(list(g) for g in groups)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_imports_point_down_the_layers():
+    assert upward_imports(project_modules()) == []
+
+
+def test_no_modules_import_each_other():
+    assert import_circles(project_modules()) == []
+
+
+def test_the_checker_finds_an_upward_import_and_a_circle(tmp_path):
+    (tmp_path / "a.py").write_text("from pipelines.automation import run_tags\nimport ops.b\n")
+    (tmp_path / "b.py").write_text("def deferred():\n    from ops import a\n")
+    (tmp_path / "c.py").write_text("")
+    modules = {"ops.a": tmp_path / "a.py", "ops.b": tmp_path / "b.py", "pipelines.automation": tmp_path / "c.py"}
+    assert upward_imports(modules) == [
+        "ops.a imports pipelines.automation (ops may import only "
+        "['ops', 'core', 'resources', 'training_runtime'])"]
+    assert import_circles(modules) == [["ops.a", "ops.b"]]
