@@ -11,7 +11,6 @@ rank reads the chosen checkpoint, so ``checkpoint.dir`` must be on storage all r
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import mmap
@@ -26,6 +25,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from training_runtime.atomic_files import atomic_output, atomic_write_bytes, fsync_path, replace_durably
+
 log = logging.getLogger(__name__)
 
 FORMAT = "training_runtime.checkpoint/v1"
@@ -33,41 +34,14 @@ STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
 
 
-# ---------------------------------------------------------------- atomic file helpers
-def fsync_path(path: str | os.PathLike) -> None:
-    """fsync a file, or a directory (which persists the names in it, e.g. a rename)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_bytes_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """tmp file in the same directory, fsync, rename, fsync the directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write_bytes_durable(tmp, data)
-    os.replace(tmp, path)
-    fsync_path(path.parent)
-
-
+# ---------------------------------------------------------------- atomic files
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    with atomic_output(path) as f:  # streamed to disk: no second copy of the bytes in memory
+        torch.save(obj, f)
 
 
 # ---------------------------------------------------------------- RNG state
@@ -253,9 +227,10 @@ def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any],
         fsync_path(tmp)
     if final.exists():  # the same step saved again after a restart: replace it
         _discard(final)
-    os.replace(tmp, final)
     if durable:
-        fsync_path(root)
+        replace_durably(tmp, final)
+    else:
+        os.replace(tmp, final)  # make_durable fsyncs the root for it later
     return final
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training_runtime.atomic_files import atomic_path
+
 log = logging.getLogger(__name__)
 
 
@@ -72,6 +74,14 @@ def _fetch_s3(url: str, dest: Path, endpoint_url: str | None) -> None:
                         "URL in data.locations, data.s3_endpoint_url and the AWS_* credentials") from e
 
 
+def _download_to_cache(url: str, local: Path, shard: dict, endpoint_url: str | None) -> None:
+    """Fetch a shard into the cache under its final name only once it is whole, checked and on
+    disk: a shard cut short by a crash or a failed check never looks cached."""
+    with atomic_path(local) as tmp:
+        _fetch_s3(url, tmp, endpoint_url)
+        _check_shard(tmp, shard, url)
+
+
 def _check_shard(local: Path, shard: dict, url: str) -> None:
     size = local.stat().st_size
     if size != shard["num_bytes"]:
@@ -109,18 +119,14 @@ def resolve_shards(manifest: dict, locations: dict[str, str], split: str, cache_
                 raise DataError("data.cache_dir is required for s3:// shards")
             os.makedirs(cache_dir, exist_ok=True)
             local = Path(cache_dir) / f"{shard['sha256']}.bin"
-            fresh = not local.is_file()
-            if fresh or verify:
-                target = local.with_name(f".{local.name}.{os.getpid()}.tmp") if fresh else local
-                if fresh:
-                    _fetch_s3(url, target, s3_endpoint_url)
+            if not local.is_file():
+                _download_to_cache(url, local, shard, s3_endpoint_url)
+            elif verify:
                 try:
-                    _check_shard(target, shard, url)
+                    _check_shard(local, shard, url)
                 except DataError:
-                    target.unlink(missing_ok=True)
+                    local.unlink(missing_ok=True)  # a corrupt cached copy is fetched again next time
                     raise
-                if fresh:
-                    os.replace(target, local)
         else:
             raise DataError(f"unsupported location {url!r} for shard {shard['path']!r}")
         paths.append(local)

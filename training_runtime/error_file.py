@@ -9,16 +9,16 @@ temporary file that is renamed into place, so the agent sees either a whole reco
 then reports the signal or exit code).
 """
 
-import contextlib
-import os
-
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+from training_runtime.atomic_files import atomic_path
 
 
 class AtomicErrorHandler(ErrorHandler):
     _writing: str | None = None
 
     def _get_error_file_path(self) -> str | None:
+        # While a record is written, torchelastic's handler opens the temporary, not the final file.
         return self._writing or super()._get_error_file_path()
 
     def record_exception(self, e: BaseException) -> None:
@@ -26,13 +26,10 @@ class AtomicErrorHandler(ErrorHandler):
         if not final:
             super().record_exception(e)  # no file configured: torchelastic logs the record
             return
-        self._writing = f"{final}.{os.getpid()}.tmp"
         try:
-            super().record_exception(e)
-            os.replace(self._writing, final)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._writing)  # interrupted: leave no file rather than half of one
-            raise
+            # Interrupted (SIGTERM) or failed, the temporary is deleted: no file rather than half of one.
+            with atomic_path(final) as tmp:
+                self._writing = str(tmp)
+                super().record_exception(e)
         finally:
             self._writing = None

@@ -8,6 +8,7 @@ import pandas as pd
 
 from core.spec import model_pipeline
 from pipelines.models import digits_expectations
+from training_runtime.atomic_files import atomic_path
 
 PIXELS = tuple(f"pixel_{i}" for i in range(64))
 SOURCE_FILE = "digits/digits.csv"
@@ -29,10 +30,8 @@ def write_digits_source(sources_root: Path) -> Path:
     path = sources_root / SOURCE_FILE
     if path.exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    digits_frame().to_csv(tmp, index=False)
-    tmp.rename(path)
+    with atomic_path(path) as tmp:  # a crash mid-write leaves no partial CSV that looks written
+        digits_frame().to_csv(tmp, index=False)
     return path
 
 

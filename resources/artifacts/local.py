@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import shutil
 from pathlib import Path
 
 from resources.artifacts.base import INCOMING_DIR, ArtifactError, ArtifactStore, validate_key
-from resources.store.atomic_files import CHUNK_BYTES, atomic_copy_file, fsync_dir
+from resources.store.atomic_files import CHUNK_BYTES, atomic_copy_file
+from training_runtime.atomic_files import atomic_output, fsync_path
 
 
 class LocalArtifactStore(ArtifactStore):
@@ -25,30 +26,26 @@ class LocalArtifactStore(ArtifactStore):
         local_path = Path(local_path)
         if not local_path.is_file():
             raise ArtifactError(f"cannot upload {local_path}: it is not a readable file")
-        incoming = self.root / INCOMING_DIR
-        incoming.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=incoming, suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out, open(local_path, "rb") as src:
-                while chunk := src.read(CHUNK_BYTES):
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if dest.is_dir():
-                raise ArtifactError(f"cannot write artifact {key!r}: a directory of artifacts has that name")
-            try:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-            except (FileExistsError, NotADirectoryError):
-                raise ArtifactError(
-                    f"cannot write artifact {key!r}: a parent of it is already an artifact; pick another key"
-                ) from None
-            # Same filesystem, so the rename is atomic: readers see the old or the whole new file.
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(dest.parent)
+        # Staged under the store's incoming directory, so a key that cannot be created is refused
+        # without leaving a temporary beside it; same filesystem, so the rename stays atomic.
+        with atomic_output(dest, staging_dir=self.root / INCOMING_DIR) as out:
+            with open(local_path, "rb") as src:
+                shutil.copyfileobj(src, out, CHUNK_BYTES)
+            self._make_room_for(dest, key)
         return self.uri(key)
+
+    @staticmethod
+    def _make_room_for(dest: Path, key: str) -> None:
+        """Create the directory of ``dest``; raise ArtifactError when the key collides with
+        other artifacts (it names a directory of them, or one of its parents is one)."""
+        if dest.is_dir():
+            raise ArtifactError(f"cannot write artifact {key!r}: a directory of artifacts has that name")
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ArtifactError(
+                f"cannot write artifact {key!r}: a parent of it is already an artifact; pick another key"
+            ) from None
 
     def get_file(self, key: str, dest: Path) -> Path:
         src = self._path(key)
@@ -77,7 +74,7 @@ class LocalArtifactStore(ArtifactStore):
         if not path.is_file():
             raise ArtifactError(f"cannot delete artifact {key!r}: not found under {self.root}")
         path.unlink()
-        fsync_dir(path.parent)
+        fsync_path(path.parent)  # the deletion reaches the disk with the directory
 
     def uri(self, key: str) -> str:
         return self._path(key).as_uri()

@@ -8,8 +8,6 @@ of times; then the call fails with an ArtifactError that names the endpoint and 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from resources.artifacts.base import ArtifactError, ArtifactStore, validate_key
-from resources.store.atomic_files import fsync_dir
+from training_runtime.atomic_files import atomic_path
 
 MIB = 1024 * 1024
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
@@ -109,21 +107,13 @@ class S3ArtifactStore(ArtifactStore):
     def get_file(self, key: str, dest: Path) -> Path:
         object_key = self._object_key(key)
         dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        os.close(fd)
         try:
-            self._client.download_file(self.bucket, object_key, tmp, Config=self._transfer)
-            os.replace(tmp, dest)
+            with atomic_path(dest) as tmp:  # readers of dest see the old file or the whole download
+                self._client.download_file(self.bucket, object_key, str(tmp), Config=self._transfer)
         except (BotoCoreError, ClientError, RetriesExceededError) as exc:
-            Path(tmp).unlink(missing_ok=True)
             if self._is_not_found(exc):
                 raise ArtifactError(f"artifact {key!r} not found at {self.uri(key)}") from None
             raise self._fail("download of", key, exc) from None
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(dest.parent)
         return dest
 
     def exists(self, key: str) -> bool:

@@ -2,6 +2,8 @@
 
 Several processes (Dagster step workers, torchrun ranks) share one store root, so every
 update is either a rename of a fully written, fsynced file or happens under an fcntl lock.
+The writes are ``training_runtime.atomic_files``'; what is here is what only stores need: a
+copy that hashes as it streams, and the locks.
 """
 
 from __future__ import annotations
@@ -10,76 +12,36 @@ import fcntl
 import hashlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from training_runtime.atomic_files import atomic_output, durable_temporary
+
 CHUNK_BYTES = 1024 * 1024
 
 
-def fsync_dir(directory: Path) -> None:
-    """Persist a rename: the directory entry itself must reach the disk, not only the file."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see either the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
 def copy_stream_hashing(src: BinaryIO, dest_dir: Path) -> tuple[Path, str, int]:
-    """Copy ``src`` into a new temporary file in ``dest_dir`` in chunks.
+    """Copy ``src`` into a new temporary file in ``dest_dir`` in chunks, hashing as it goes.
 
-    Returns (temporary path, sha256 hex, size); the file is fsynced and the caller renames it.
+    Returns (temporary path, sha256 hex, size); the file is fsynced and the caller, which names
+    it by the hash only now known, publishes it with ``replace_durably`` or deletes it.
     """
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=".incoming.", suffix=".tmp")
     digest = hashlib.sha256()
     size = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            while chunk := src.read(CHUNK_BYTES):
-                digest.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return Path(tmp), digest.hexdigest(), size
+    with durable_temporary(dest_dir, "incoming") as out:
+        while chunk := src.read(CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    return Path(out.name), digest.hexdigest(), size
 
 
 def atomic_copy_file(src: Path, dest: Path) -> Path:
     """Copy ``src`` to ``dest`` (streamed) so ``dest`` never exists half-written."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out, CHUNK_BYTES)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(dest) as out, open(src, "rb") as inp:
+        shutil.copyfileobj(inp, out, CHUNK_BYTES)
     return dest
 
 

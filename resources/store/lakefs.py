@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +28,6 @@ import urllib3
 from lakefs_sdk.client import LakeFSClient
 from lakefs_sdk.exceptions import ApiException
 
-from resources.store.atomic_files import fsync_dir
 from resources.store.base import (
     MAIN,
     Commit,
@@ -46,6 +43,7 @@ from resources.store.base import (
     validate_ref_name,
     validate_repository_name,
 )
+from training_runtime.atomic_files import atomic_output
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -358,27 +356,17 @@ class LakeFSVersionedStore(VersionedStore):
         """Fetched in ranged chunks: memory stays bounded and a failed chunk is retried alone."""
         size = self._stat(ref, path).size_bytes or 0
         dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for start in range(0, size, DOWNLOAD_CHUNK_BYTES):
-                    end = min(size, start + DOWNLOAD_CHUNK_BYTES) - 1
-                    chunk = self._call(f"read {path!r} at {ref!r}", self._sdk.objects_api.get_object,
-                                       self.repository, ref, path, range=f"bytes={start}-{end}")
-                    if len(chunk) != end - start + 1:
-                        raise StoreError(
-                            f"read {path!r} at {ref!r}: got {len(chunk)} bytes for range {start}-{end}; "
-                            "the object changed while downloading, read it at a commit id instead"
-                        )
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        fsync_dir(dest.parent)
+        with atomic_output(dest) as out:
+            for start in range(0, size, DOWNLOAD_CHUNK_BYTES):
+                end = min(size, start + DOWNLOAD_CHUNK_BYTES) - 1
+                chunk = self._call(f"read {path!r} at {ref!r}", self._sdk.objects_api.get_object,
+                                   self.repository, ref, path, range=f"bytes={start}-{end}")
+                if len(chunk) != end - start + 1:
+                    raise StoreError(
+                        f"read {path!r} at {ref!r}: got {len(chunk)} bytes for range {start}-{end}; "
+                        "the object changed while downloading, read it at a commit id instead"
+                    )
+                out.write(chunk)
         return dest
 
     def list_objects(self, ref: str, prefix: str = "") -> list[ObjectInfo]:

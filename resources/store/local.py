@@ -28,13 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
 
-from resources.store.atomic_files import (
-    atomic_copy_file,
-    atomic_write_bytes,
-    copy_stream_hashing,
-    file_lock,
-    fsync_dir,
-)
+from resources.store.atomic_files import atomic_copy_file, copy_stream_hashing, file_lock
 from resources.store.base import (
     MAIN,
     Commit,
@@ -51,6 +45,7 @@ from resources.store.base import (
     validate_repository_name,
 )
 from resources.store.three_way import diff_trees, merge_base, merge_trees
+from training_runtime.atomic_files import atomic_write_bytes, fsync_path, replace_durably
 
 Tree = dict[str, tuple[str, int]]
 INITIAL_COMMIT_MESSAGE = "Repository created"
@@ -145,7 +140,7 @@ class LocalVersionedStore(VersionedStore):
             if not path.exists():
                 raise RefNotFoundError(f"branch {name!r} not found in repository {self.repository!r}")
             path.unlink()
-            fsync_dir(path.parent)
+            fsync_path(path.parent)  # the deletion reaches the disk with the directory
 
     def list_branches(self) -> dict[str, str]:
         self._require_repository()
@@ -219,8 +214,7 @@ class LocalVersionedStore(VersionedStore):
             return sha, size
         final.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(tmp, 0o444)  # content-addressed objects never change
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
+        replace_durably(tmp, final)
         return sha, size
 
     def _stage(self, branch: str, path: str, entry: tuple[str, int] | None) -> None:
@@ -358,7 +352,7 @@ class LocalVersionedStore(VersionedStore):
             if not path.exists():
                 raise RefNotFoundError(f"tag {tag!r} not found in repository {self.repository!r}")
             path.unlink()
-            fsync_dir(path.parent)
+            fsync_path(path.parent)  # the deletion reaches the disk with the directory
 
     def diff(self, left_ref: str, right_ref: str, prefix: str = "") -> list[DiffEntry]:
         left = self._commit_tree(self.resolve_ref(left_ref))
