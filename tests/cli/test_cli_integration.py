@@ -8,6 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from core.lineage import lineage_markdown, lineage_rows
 from core.registry import read_alias, read_lineage
 from tests.cli.demo_platform import DROPPED_ROWS, shared_demo_platform
 
@@ -107,6 +108,22 @@ def test_comment_reaches_the_store_lineage_and_the_asset_history(demo):
     assert (meta["version"], meta["author"]) == (1, "alice")
     assert description == f"Comment on v1 by alice: {text}"
     assert demo.store().exists("main", meta["store_path"])
+
+
+def test_the_ui_lineage_table_and_the_lineage_command_show_the_registered_record(demo):
+    with dg.DagsterInstance.from_config(str(demo.home)) as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey(["digits", "model_version"]))
+    metadata = event.asset_materialization.metadata
+    assert metadata["version"].value == 2
+    record = read_lineage(demo.store(), "digits", 2)
+    ui_heading, _, ui_table = metadata["lineage"].value.partition("\n\n")
+    # The evaluation op builds the record again for the UI, so only the heading's creation time
+    # may differ from the stored record's.
+    assert ui_heading.startswith("digits v2  (created ")
+    assert ui_table == lineage_markdown(record).partition("\n\n")[2]
+    text = ok(demo.cli("lineage", "digits", "--version", "2")).splitlines()
+    for field, value, _ in lineage_rows(record):
+        assert any(line.startswith(f"  {field:<15} {value}") for line in text), (field, value)
 
 
 def test_promote_and_rollback_move_the_production_alias_with_an_audit_trail(demo):

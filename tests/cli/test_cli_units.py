@@ -1,4 +1,4 @@
-"""The CLI's pure parts and the registry's comments and production alias, without training."""
+"""The CLI's pure parts, the UI's lineage table, and the registry's comments and alias, without training."""
 
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ from core.registry import (
     move_alias,
     promoted,
     read_alias,
+    read_lineage,
     rolled_back,
 )
-from pipelines import cli
+from core.lineage import MARKDOWN_FIELD_NAMES, lineage_markdown, lineage_rows
+from pipelines.cli import build_parser, compare, render, reproduce
+from pipelines.cli.parser import version_number
 from resources.store.base import MAIN
 from tests.cli.records import make_record, store_with_versions
 
@@ -27,7 +30,7 @@ def test_compare_marks_exactly_the_fields_that_differ():
     a = make_record(1)
     b = make_record(2, **{"training.config.train.lr": 0.01, "evaluation.test.accuracy": 0.97,
                           "data.shards_commit": "3" * 64})
-    rows = {(section, key): (vals, differs) for section, key, vals, differs in cli.compare_rows([a, b])}
+    rows = {(section, key): (vals, differs) for section, key, vals, differs in compare.compare_rows([a, b])}
     assert rows[("parameters", "train.lr")] == ([0.003, 0.01], True)
     assert rows[("parameters", "train.epochs")] == ([3, 3], False)
     assert rows[("metrics", "test accuracy")] == ([0.95, 0.97], True)
@@ -40,29 +43,29 @@ def test_compare_marks_exactly_the_fields_that_differ():
 
 def test_compare_table_shows_values_side_by_side_with_marks():
     a, b = make_record(1), make_record(2, **{"training.config.train.seed": 7})
-    text = cli.format_compare([a, b])
+    text = render.format_compare([a, b])
     seed = next(line for line in text.splitlines() if " train.seed " in line)
     assert seed.split() == ["*", "train.seed", "0", "7"]
     epochs = next(line for line in text.splitlines() if " train.epochs " in line)
     assert epochs.split() == ["train.epochs", "3", "3"]
     assert "(* marks 1 field(s) that differ)" in text.splitlines()[0]
-    only = cli.format_compare([a, b], only_differences=True)
+    only = render.format_compare([a, b], only_differences=True)
     assert "train.epochs" not in only and "train.seed" in only
 
 
 def test_compare_handles_a_field_only_one_version_has():
     a = make_record(1)
     b = make_record(2, **{"training.config.train.warmup_steps": 5})
-    rows = {key: (vals, d) for _, key, vals, d in cli.compare_rows([a, b, make_record(3)])}
+    rows = {key: (vals, d) for _, key, vals, d in compare.compare_rows([a, b, make_record(3)])}
     assert rows["train.warmup_steps"] == (["—", 5, "—"], True)
 
 
 def test_format_value_shortens_commit_ids_and_rounds_floats():
-    assert cli.format_value("ab" * 32) == "ab" * 6
-    assert cli.format_value(0.123456) == "0.1235"
-    assert cli.format_value(0.0000123) == "1.230e-05"
-    assert cli.format_value([128, 64]) == "[128, 64]"
-    assert cli.format_value(None) == "None"
+    assert render.format_value("ab" * 32) == "ab" * 6
+    assert render.format_value(0.123456) == "0.1235"
+    assert render.format_value(0.0000123) == "1.230e-05"
+    assert render.format_value([128, 64]) == "[128, 64]"
+    assert render.format_value(None) == "None"
 
 
 def test_diff_table_lists_changed_objects_and_only_differing_fields():
@@ -70,7 +73,7 @@ def test_diff_table_lists_changed_objects_and_only_differing_fields():
     b = make_record(2, **{"training.config.train.epochs": 4, "evaluation.test.loss": 0.1})
     rows = [("changed", "datasets/toy/raw/data.parquet", 1000, 900),
             ("added", "datasets/toy/shards/train/00004.bin", None, 512)]
-    text = cli.format_diff(a, b, rows)
+    text = render.format_diff(a, b, rows)
     lines = text.splitlines()
     assert lines[0] == "toy: v1 -> v2"
     assert any(line.split() == ["changed", "datasets/toy/raw/data.parquet", "1,000", "B", "900", "B"] for line in lines)
@@ -82,7 +85,7 @@ def test_diff_table_lists_changed_objects_and_only_differing_fields():
 
 
 def test_diff_of_versions_on_the_same_data_says_so():
-    text = cli.format_diff(make_record(1), make_record(2), [])
+    text = render.format_diff(make_record(1), make_record(2), [])
     assert "no objects differ" in text
     assert text.count("(no differences)") == 2
 
@@ -90,7 +93,7 @@ def test_diff_of_versions_on_the_same_data_says_so():
 def test_reproduction_config_points_at_the_recorded_commit_and_a_new_work_dir(tmp_path):
     record = make_record(1)
     manifest = {"splits": {"train": {"num_samples": 100}}}
-    config = cli.reproduction_config(record, manifest, {"train/0.bin": "file:///x"}, tmp_path)
+    config = reproduce.reproduction_config(record, manifest, {"train/0.bin": "file:///x"}, tmp_path)
     assert set(config) == {"model", "data", "train", "checkpoint", "output_dir"}
     assert config["data"]["commit_id"] == record["data"]["shards_commit"]
     assert config["data"]["locations"] == {"train/0.bin": "file:///x"}
@@ -103,18 +106,18 @@ def test_reproduction_config_points_at_the_recorded_commit_and_a_new_work_dir(tm
 def test_reproduction_config_refuses_an_inconsistent_record(tmp_path):
     record = make_record(1, **{"training.config.data.commit_id": "9" * 64})
     with pytest.raises(ValueError, match="inconsistent"):
-        cli.reproduction_config(record, {}, {}, tmp_path)
+        reproduce.reproduction_config(record, {}, {}, tmp_path)
 
 
 def test_reproduction_rows_flag_differences_beyond_tolerance():
     record = make_record(1)
     repro = {"final_loss": 0.05, "steps": 12, "weights_sha256": "b" * 64, "max_weight_difference": 3e-8,
              "test": {"accuracy": 0.95, "loss": 0.1200001}, "validation": {"accuracy": 0.8, "loss": 0.2}}
-    rows = {name: ok for name, _, _, ok in cli.reproduction_rows(record, repro, tolerance=1e-6)}
+    rows = {name: ok for name, _, _, ok in reproduce.reproduction_rows(record, repro, tolerance=1e-6)}
     assert rows == {"final training loss": True, "steps": True, "test accuracy": True, "test loss": True,
                     "validation accuracy": False, "validation loss": True, "weights sha256": None,
                     "max |weight difference|": None}
-    text = cli.format_reproduction(record, cli.reproduction_rows(record, repro, 1e-6), 1e-6)
+    text = render.format_reproduction(record, reproduce.reproduction_rows(record, repro, 1e-6), 1e-6)
     marked = [line.split()[1:3] for line in text.splitlines() if line.lstrip().startswith("*")]
     assert marked == [["validation", "accuracy"]]
 
@@ -131,37 +134,63 @@ def test_max_weight_difference_compares_tensors():
 
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
     b = {"w": torch.tensor([1.0, 2.25]), "b": torch.tensor([0.5])}
-    assert cli.max_weight_difference(saved(a), saved(a)) == 0.0
-    assert cli.max_weight_difference(saved(a), saved(b)) == 0.25
-    assert cli.max_weight_difference(saved(a), saved({"w": torch.zeros(3), "b": torch.zeros(1)})) == float("inf")
+    assert reproduce.max_weight_difference(saved(a), saved(a)) == 0.0
+    assert reproduce.max_weight_difference(saved(a), saved(b)) == 0.25
+    assert reproduce.max_weight_difference(saved(a), saved({"w": torch.zeros(3), "b": torch.zeros(1)})) == float("inf")
 
 
 def test_code_warnings():
     same = {"git_sha": "abc", "dirty": False}
-    assert cli.code_warnings(1, same, same) == []
-    warnings = cli.code_warnings(3, same, {"git_sha": "def", "dirty": True})
+    assert reproduce.code_warnings(1, same, same) == []
+    warnings = reproduce.code_warnings(3, same, {"git_sha": "def", "dirty": True})
     assert len(warnings) == 2 and warnings[0].startswith("code differs: v3 was trained at git abc")
     assert "uncommitted" in warnings[1]
-    assert "cannot be recovered" in cli.code_warnings(1, {"git_sha": "abc", "dirty": True}, same)[0]
+    assert "cannot be recovered" in reproduce.code_warnings(1, {"git_sha": "abc", "dirty": True}, same)[0]
 
 
 def test_version_numbers_accept_v_prefix_and_refuse_garbage():
-    assert cli.version_number("3") == 3 and cli.version_number("v12") == 12
+    assert version_number("3") == 3 and version_number("v12") == 12
     for bad in ("x", "v", "0", "-1", "1.5"):
         with pytest.raises(argparse.ArgumentTypeError):
-            cli.version_number(bad)
+            version_number(bad)
 
 
 def test_lineage_text_shows_production_and_comments():
     record = make_record(2)
     alias = promoted(empty_alias("toy"), 2, "alice", "2026-11-29T11:00:00+00:00")
     comments = [{"created_at": "2026-11-29T11:05:00+00:00", "author": "bob", "text": "looks good"}]
-    text = cli.format_lineage(record, {"raw_commit": "1", "shards_commit": "2"}, production=alias, comments=comments)
+    text = render.format_lineage(record, {"raw_commit": "1", "shards_commit": "2"}, production=alias, comments=comments)
     assert "  production      this version, v2, is in production (promote by alice at 2026-11-29T11:00:00+00:00)" in text
     assert "    2026-11-29T11:05:00+00:00  bob: looks good" in text
-    other = cli.format_lineage(make_record(1), {}, production=alias)
+    other = render.format_lineage(make_record(1), {}, production=alias)
     assert "v2 is in production, not this version" in other
-    assert "no version is in production" in cli.format_lineage(record, {}, production=empty_alias("toy"))
+    assert "no version is in production" in render.format_lineage(record, {}, production=empty_alias("toy"))
+
+
+def test_ui_markdown_and_cli_text_show_the_same_lineage_facts():
+    record = make_record(2, links={"raw": "http://lakefs/raw", "shards": "http://lakefs/shards"},
+                         checks={"shard_dataset": {"passed": False, "evaluated": 7}, "dataset": "toy"})
+    heading, *lines = render.format_lineage(record, None).splitlines()
+    cli_values = {line[2:17].rstrip(): line[18:] for line in lines}  # "  <field, 15 wide> <value>"
+    markdown_heading, _, markdown_table = lineage_markdown(record).partition("\n\n")
+    header, rule, *cells = markdown_table.splitlines()
+    assert (header, rule) == ("| field | value |", "| --- | --- |")
+    ui_values = dict(cell[2:-2].split(" | ", 1) for cell in cells)
+    assert markdown_heading == heading == "toy v2  (created 2026-11-29T10:00:00+00:00)"
+    rows = lineage_rows(record)
+    assert list(cli_values) == [row.field for row in rows]
+    # The UI adds the data checks only; its raw commit row keeps the longer name it always had.
+    assert list(ui_values) == [MARKDOWN_FIELD_NAMES.get(row.field, row.field) for row in rows] + ["data checks"]
+    assert ui_values["data checks"] == "shard_dataset: FAILED (7 expectations)"
+    for field, value, url in rows:
+        ui, cli = ui_values[MARKDOWN_FIELD_NAMES.get(field, field)], cli_values[field]
+        if url is None:
+            assert ui == cli == value
+        else:  # a link in Markdown, the address beside the value in the terminal
+            assert ui == f"[{value}]({url})" and value in cli and url in cli
+    assert ui_values["raw data commit"] == cli_values["raw commit"] == "1" * 64
+    assert cli_values["dagster run"] == "run-1  http://localhost:3000/runs/run-1"
+    assert cli_values["test"] == ui_values["test"] == "accuracy=0.9500 loss=0.1200 (n=20)"
 
 
 # --- the production alias as pure state transitions ------------------------------------------------
@@ -232,7 +261,7 @@ def test_an_empty_store_is_an_unknown_model_not_a_crash(tmp_path):
 
     store = make_store("local", root=tmp_path / "store", repository="model-factory")
     with pytest.raises(UnknownModelVersionError, match="no model versions yet"):
-        cli.read_lineage(store, "toy")
+        read_lineage(store, "toy")
 
 
 COMMANDS = ("demo", "lineage", "versions", "compare", "diff", "reproduce", "comment", "promote", "rollback")
@@ -241,7 +270,7 @@ COMMANDS = ("demo", "lineage", "versions", "compare", "diff", "reproduce", "comm
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.build_parser().parse_args([command, "--help"])
+        build_parser().parse_args([command, "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: python -m pipelines {command}")
@@ -250,7 +279,7 @@ def test_every_command_has_help(command, capsys):
 
 def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["--help"])
+        build_parser().parse_args(["--help"])
     out = capsys.readouterr().out
     for command in COMMANDS:
         assert command in out

@@ -1,0 +1,44 @@
+"""The commands that annotate versions: ``comment``, ``promote`` and ``rollback``.
+
+Each writes to the store (the record of truth) and reports an observation, so the note or the
+alias move also shows in the model version's history in the Dagster UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from core.registry import add_comment, move_alias
+from pipelines.cli.instance import report_observation
+from pipelines.profiles import Profile
+
+
+def comment_command(args: argparse.Namespace) -> int:
+    store = Profile.from_environment().store()
+    note = add_comment(store, args.model, args.version, args.text, args.author)
+    report_observation(args.model, f"Comment on v{args.version} by {note['author']}: {note['text']}", {
+        "kind": "comment", "version": args.version, "comment": note["text"], "author": note["author"],
+        "store_path": note["path"], "store_commit": note["commit_id"]})
+    print(f"Recorded comment on {args.model} v{args.version} by {note['author']} "
+          f"(store commit {note['commit_id'][:12]}, {note['path']}).")
+    return 0
+
+
+def promote_command(args: argparse.Namespace) -> int:
+    return _move_production(args, "promote")
+
+
+def rollback_command(args: argparse.Namespace) -> int:
+    return _move_production(args, "rollback")
+
+
+def _move_production(args: argparse.Namespace, action: str) -> int:
+    store = Profile.from_environment().store()
+    entry = move_alias(store, args.model, action, args.by, version=getattr(args, "version", None))
+    before = "none" if entry["from"] is None else f"v{entry['from']}"
+    report_observation(args.model, f"{action.capitalize()}: production {before} -> v{entry['to']} by {entry['by']}", {
+        "kind": action, "production_version": entry["to"], "previous_production_version": before,
+        "by": entry["by"], "store_commit": entry["commit_id"]})
+    print(f"{args.model}: production {before} -> v{entry['to']} ({action} by {entry['by']} at {entry['at']}, "
+          f"store commit {entry['commit_id'][:12]}).")
+    return 0

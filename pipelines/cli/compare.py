@@ -1,0 +1,79 @@
+"""What differs between model versions: the rows ``compare`` and ``diff`` show (and the notebook)."""
+
+from __future__ import annotations
+
+from resources.store.base import VersionedStore
+
+# Where a version's files were written is no parameter of it; its data shows as commits instead.
+_SKIPPED_CONFIG = ("data.", "checkpoint.dir", "output_dir", "torch_version")
+
+
+def flatten(value: object, prefix: str = "") -> dict[str, object]:
+    """Nested dicts as dotted keys; lists stay values."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, object] = {}
+    for k in sorted(value):
+        out.update(flatten(value[k], f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def parameters(record: dict) -> dict[str, object]:
+    """The training parameters a version was trained with (not where its files were)."""
+    flat = flatten(record["training"]["config"])
+    return {k: v for k, v in flat.items() if not k.startswith(_SKIPPED_CONFIG)}
+
+
+def metrics(record: dict) -> dict[str, object]:
+    ev, fig = record["evaluation"], record["training_figures"]
+    out: dict[str, object] = {}
+    for split in ("test", "validation"):
+        if split in ev:
+            out[f"{split} accuracy"] = ev[split]["accuracy"]
+            out[f"{split} loss"] = ev[split]["loss"]
+            out[f"{split} samples"] = ev[split]["num_samples"]
+    out["final training loss"] = fig.get("final_loss")
+    out["steps"] = fig.get("steps")
+    out["samples/s"] = fig.get("samples_per_second")
+    out["quality gate"] = "passed" if record["quality_gate"]["passed"] else "FAILED"
+    return out
+
+
+def data_facts(record: dict) -> dict[str, object]:
+    d = record["data"]
+    out: dict[str, object] = {"dataset": d.get("dataset"), "raw commit": d["raw_commit"],
+                              "shards commit": d["shards_commit"], "weights commit": record["checkpoint"]["commit"]}
+    splits = record["training"]["config"].get("data", {}).get("manifest", {}).get("splits", {})
+    for split, info in sorted(splits.items()):
+        out[f"{split} split size"] = info.get("num_samples")
+    out["code"] = f"{record['code'].get('git_sha')}{' (dirty)' if record['code'].get('dirty') else ''}"
+    return out
+
+
+SECTIONS = (("parameters", parameters), ("metrics", metrics), ("data and code", data_facts))
+
+
+def compare_rows(records: list[dict]) -> list[tuple[str, str, list[object], bool]]:
+    """(section, field, one value per record, differs) for every field any record has."""
+    rows = []
+    for section, extract in SECTIONS:
+        values = [extract(r) for r in records]
+        keys = list(dict.fromkeys(k for v in values for k in v))
+        for key in keys:
+            vals = [v.get(key, "—") for v in values]
+            rows.append((section, key, vals, any(x != vals[0] for x in vals[1:])))
+    return rows
+
+
+def dataset_prefix(records: list[dict]) -> str:
+    datasets = {r["data"].get("dataset") for r in records}
+    return f"datasets/{datasets.pop()}/" if len(datasets) == 1 and None not in datasets else "datasets/"
+
+
+def data_diff_rows(store: VersionedStore, left: dict, right: dict) -> list[tuple[str, str, int | None, int | None]]:
+    """(change, path, size in left, size in right) between two versions' dataset commits."""
+    prefix = dataset_prefix([left, right])
+    a, b = left["data"]["shards_commit"], right["data"]["shards_commit"]
+    sizes_a = {o.path: o.size_bytes for o in store.list_objects(a, prefix=prefix)}
+    sizes_b = {o.path: o.size_bytes for o in store.list_objects(b, prefix=prefix)}
+    return [(e.type, e.path, sizes_a.get(e.path), sizes_b.get(e.path)) for e in store.diff(a, b, prefix=prefix)]

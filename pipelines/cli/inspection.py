@@ -1,0 +1,66 @@
+"""The commands that read the registry: ``lineage``, ``versions``, ``compare`` and ``diff``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from core.lineage import commit_ids
+from core.registry import PRODUCTION, list_comments, list_versions, read_alias, read_lineage
+from pipelines.cli.compare import data_diff_rows
+from pipelines.cli.errors import UsageError
+from pipelines.cli.render import format_compare, format_diff, format_lineage, format_versions
+from pipelines.profiles import Profile
+from resources.store.base import RefNotFoundError, VersionedStore
+
+
+def lineage_command(args: argparse.Namespace) -> int:
+    return print_lineage(Profile.from_environment(), args.model, args.version, args.json)
+
+
+def print_lineage(profile: Profile, model: str, version: int | None, as_json: bool) -> int:
+    store = profile.store()
+    record = read_lineage(store, model, version)
+    alias = read_alias(store, model)
+    comments = list_comments(store, model, record["version"])
+    if as_json:
+        annotated = {**record, "annotations": {"comments": comments, PRODUCTION: alias}}
+        print(json.dumps(annotated, indent=2, sort_keys=True))
+        return 0
+    resolved = {name: _resolves(store, cid) for name, cid in commit_ids(record).items()}
+    print(format_lineage(record, resolved, production=alias, comments=comments))
+    return 0
+
+
+def _resolves(store: VersionedStore, commit_id: str) -> str | None:
+    try:
+        return store.resolve_ref(commit_id)
+    except RefNotFoundError:
+        return None  # the record points at a commit the store no longer has: the text says so
+
+
+def versions_command(args: argparse.Namespace) -> int:
+    store = Profile.from_environment().store()
+    versions = list_versions(store, args.model)
+    if not versions:
+        read_lineage(store, args.model)  # raises the one-line "no registered versions" error
+    records = [read_lineage(store, args.model, v) for v in versions]
+    comment_counts = [len(list_comments(store, args.model, v)) for v in versions]
+    print(format_versions(records, read_alias(store, args.model)["version"], comment_counts))
+    return 0
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    if len(args.versions) < 2:
+        raise UsageError("compare needs at least two versions, e.g. `compare digits 1 2`")
+    store = Profile.from_environment().store()
+    records = [read_lineage(store, args.model, v) for v in args.versions]
+    print(format_compare(records, only_differences=args.only_differences))
+    return 0
+
+
+def diff_command(args: argparse.Namespace) -> int:
+    store = Profile.from_environment().store()
+    left, right = read_lineage(store, args.model, args.v1), read_lineage(store, args.model, args.v2)
+    print(format_diff(left, right, data_diff_rows(store, left, right)))
+    return 0

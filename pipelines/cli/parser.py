@@ -1,0 +1,92 @@
+"""The command line: every command, its arguments and its help text."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+
+from pipelines.cli.annotation import comment_command, promote_command, rollback_command
+from pipelines.cli.demo import demo_command
+from pipelines.cli.inspection import compare_command, diff_command, lineage_command, versions_command
+from pipelines.cli.reproduce import reproduce_command
+
+
+def version_number(text: str) -> int:
+    """``3`` or ``v3``."""
+    digits = text[1:] if text[:1] in ("v", "V") else text
+    if not digits.isdigit() or int(digits) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version number; write e.g. 3 or v3")
+    return int(digits)
+
+
+def default_actor() -> str:
+    return os.environ.get("USER") or getpass.getuser()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines",
+        description="Run the demo and question model versions: their lineage, differences, reproduction, "
+                    "comments and the production alias. The platform is the one at DAGSTER_HOME.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help: str, func) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    def model_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="Model name, e.g. digits.")
+
+    command("demo", "Run the digits job once on this profile and print the lineage of each version it registered.",
+            demo_command)
+
+    p = command("lineage", "Print a model version's lineage record, its comments and the production alias.",
+                lineage_command)
+    model_arg(p)
+    p.add_argument("--version", type=version_number, default=None, help="Version number (default: the newest).")
+    p.add_argument("--json", action="store_true", help="Print the record as JSON (comments and alias under 'annotations').")
+
+    p = command("versions", "List a model's versions with test accuracy, data commit and the production alias.",
+                versions_command)
+    model_arg(p)
+
+    p = command("compare", "Show parameters, metrics and data commits of versions side by side; '*' marks differences.",
+                compare_command)
+    model_arg(p)
+    p.add_argument("versions", nargs="+", type=version_number, metavar="VERSION", help="Two or more versions, e.g. 1 2.")
+    p.add_argument("--only-differences", action="store_true", help="Leave out fields that are the same everywhere.")
+
+    p = command("diff", "Objects added, removed and changed between two versions' dataset commits, "
+                        "plus their parameter and metric differences.", diff_command)
+    model_arg(p)
+    p.add_argument("v1", type=version_number, help="The older version.")
+    p.add_argument("v2", type=version_number, help="The newer version.")
+
+    p = command("reproduce", "Re-run a version's training from its lineage record alone (same shards commit, config "
+                             "and seed, torchrun on this machine) and compare the figures with the original.",
+                reproduce_command)
+    model_arg(p)
+    p.add_argument("version", type=version_number, help="The version to reproduce.")
+    p.add_argument("--tolerance", type=float, default=1e-6,
+                   help="Largest absolute difference of a figure counted as reproduced (default 1e-6).")
+    p.add_argument("--work-dir", default=None, help="Where to train (default: <data root>/reproductions/...).")
+
+    p = command("comment", "Record a note on a version: in the store, in `lineage` and in the asset's history in "
+                           "the Dagster UI.", comment_command)
+    model_arg(p)
+    p.add_argument("version", type=version_number, help="The version the note is about.")
+    p.add_argument("text", help="The note.")
+    p.add_argument("--author", default=default_actor(), help="Who writes it (default: $USER).")
+
+    p = command("promote", "Point the production alias at a version (audited).", promote_command)
+    model_arg(p)
+    p.add_argument("version", type=version_number, help="The version to put in production.")
+    p.add_argument("--by", default=default_actor(), help="Who promotes (default: $USER).")
+
+    p = command("rollback", "Return the production alias to the version it pointed at before (audited).",
+                rollback_command)
+    model_arg(p)
+    p.add_argument("--by", default=default_actor(), help="Who rolls back (default: $USER).")
+    return parser
