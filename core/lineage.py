@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Mapping
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from core.code_version import code_version
 
@@ -12,7 +14,7 @@ from core.code_version import code_version
 def build_lineage_record(
     *, model: str, version: int, checkpoint: dict, shards: dict, raw: dict, store_facts: dict[str, str],
     resolved_config: dict, metrics: dict, evaluation: dict, gate: dict, run_id: str, run_url: str,
-    links: dict[str, str] | None = None, checks: dict | None = None,
+    links: dict[str, str] | None = None, checks: dict | None = None, dataset_version: str | None = None,
 ) -> dict:
     import torch  # deferred: loading definitions must not import torch
 
@@ -33,6 +35,10 @@ def build_lineage_record(
             "raw_commit": raw["commit_id"],
             "shards_commit": shards["commit_id"],
             "manifest_path": shards["manifest_path"],
+            # The published dataset version (tag "<dataset>-d<N>", core.datasets) the shards belong to.
+            "dataset_version": dataset_version,
+            # The code location that published the dataset (another team's, for a shared dataset).
+            "location": shards.get("location"),
         },
         "code": code_version(),
         "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform()},
@@ -61,3 +67,82 @@ def commit_ids(record: dict) -> dict[str, str]:
         "checkpoint_commit": record["checkpoint"]["commit"],
         **({"version_commit": record["version_commit"]} if record.get("version_commit") else {}),
     }
+
+
+# --- showing a record: the CLI's `lineage` text and the UI's Markdown render the same rows ----------
+class LineageRow(NamedTuple):
+    """One fact of a lineage record. ``url`` is where the value can be looked at: the terminal
+    prints it beside the value, Markdown makes the value a link to it."""
+
+    field: str
+    value: str
+    url: str | None = None
+
+
+def lineage_heading(record: dict) -> str:
+    return f"{record['model']} v{record['version']}  (created {record['created_at']})"
+
+
+def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None) -> list[LineageRow]:
+    """The facts of ``record``, in the order both the CLI and the UI show them.
+
+    ``resolved`` (commit name, as in ``commit_ids``, -> what it resolves to in the store, None when
+    it does not) adds to the data commits whether they still resolve; only the CLI asks the store.
+    """
+
+    def commit(name: str) -> str:
+        if resolved is None:
+            return record["data"][name]
+        return f"{record['data'][name]}  (resolves: {'yes' if resolved.get(name) else 'no'})"
+
+    training, test, figures = record["training"], record["evaluation"]["test"], record["training_figures"]
+    rows = [
+        LineageRow("checkpoint", record["checkpoint"]["uri"]),
+        LineageRow("sha256", record["checkpoint"]["sha256"]),
+        LineageRow("store", f"{record['data'].get('backend')} repository {record['data'].get('repository')}"),
+        LineageRow("dataset", _dataset_fact(record["data"])),
+        LineageRow("raw commit", commit("raw_commit")),
+        LineageRow("shards commit", commit("shards_commit")),
+        LineageRow("weights commit", record["checkpoint"]["commit"]),
+        LineageRow("code", f"git {record['code'].get('git_sha')} dirty={record['code'].get('dirty')}"),
+        LineageRow("environment", f"python {record['environment']['python']}, torch {record['environment']['torch']}"),
+        LineageRow("training", f"model={training['config'].get('model', {}).get('name')} seed={training['seed']} "
+                               f"world_size={training['world_size']} backend={training['backend']}"),
+        LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
+        LineageRow("test", f"accuracy={test['accuracy']:.4f} loss={test['loss']:.4f} (n={test['num_samples']})"),
+        LineageRow("quality gate", "passed" if record["quality_gate"]["passed"] else "FAILED"),
+        LineageRow("dagster run", record["dagster"]["run_id"], url=record["dagster"]["run_url"]),
+    ]
+    rows.extend(LineageRow(f"lakeFS {name}", url, url=url) for name, url in record.get("links", {}).items())
+    return rows
+
+
+def _dataset_fact(data: dict) -> str:
+    """``digits-d2 (location platform)``; records older than dataset versions name the dataset only."""
+    where = f" (location {data['location']})" if data.get("location") else ""
+    return f"{data.get('dataset_version') or data['dataset']}{where}"
+
+
+# The UI has always called the raw commit this, and its users (and UI tests) look for the row by it;
+# the terminal's narrower label column keeps the short name README shows.
+MARKDOWN_FIELD_NAMES = {"raw commit": "raw data commit"}
+
+
+def lineage_markdown(record: dict) -> str:
+    """The record for the UI (model_version metadata): its heading and ``lineage_rows`` as a table,
+    plus the data checks behind the version, which the CLI leaves to ``lineage --json``."""
+    rows = [*lineage_rows(record), LineageRow("data checks", data_checks_summary(record))]
+    cells = [(MARKDOWN_FIELD_NAMES.get(r.field, r.field), f"[{r.value}]({r.url})" if r.url else r.value) for r in rows]
+    table = "\n".join(f"| {_markdown_cell(field)} | {_markdown_cell(value)} |" for field, value in cells)
+    return f"{lineage_heading(record)}\n\n| field | value |\n| --- | --- |\n{table}"
+
+
+def data_checks_summary(record: dict) -> str:
+    """Each suite's verdict; the record's checks also hold plain facts (the dataset's name), left out."""
+    verdicts = [f"{name}: {'passed' if result.get('passed') else 'FAILED'} ({result.get('evaluated')} expectations)"
+                for name, result in record.get("checks", {}).items() if isinstance(result, dict)]
+    return ", ".join(verdicts) or "none"
+
+
+def _markdown_cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a bare pipe would end the cell

@@ -10,6 +10,7 @@ from pathlib import Path
 import dagster as dg
 
 from core import lineage
+from core.datasets import plan_dataset_version, tag_published_dataset
 from core.pinned_shards import read_pinned_shards
 from core.spec import PipelineSpec
 from core.versions import register_version
@@ -53,13 +54,17 @@ def evaluate_and_register(
             "max_test_loss": spec.gate.max_test_loss}
     evaluation = {"test": test, "validation": val}
 
+    committed: dict[int, dict] = {}  # the record register_version committed, shown again in the UI
+
     def record_for(version: int) -> dict:
-        return lineage.build_lineage_record(
+        committed[version] = lineage.build_lineage_record(
             model=spec.name, version=version, checkpoint=checkpoint, shards=shards, raw=raw,
             store_facts=store.describe(), resolved_config=resolved, metrics=metrics, evaluation=evaluation,
             gate=gate, run_id=context.run_id, run_url=run_url, checks=data_checks(raw, shards),
+            dataset_version=dataset_version,
             links={k: v for k, v in {"raw": store.ui_link(raw["commit_id"]),
                                      "shards": store.ui_link(shards["commit_id"])}.items() if v})
+        return committed[version]
 
     meta = commit_metadata(context, run_url, quality_gate=gate, test_accuracy=f"{test['accuracy']:.6f}")
     if failures:
@@ -73,14 +78,22 @@ def evaluate_and_register(
             metadata={"test_accuracy": test["accuracy"], "branch": branch},
             allow_retries=False,
         )
+    # The dataset version is named before registering, so the committed lineage record states it
+    # (record_for reads it), and tagged only after register_version's merge has published the
+    # shards: a dataset tag means "on main". A published record is the claim its tag must honour:
+    # planning creates any tag such a record names but the store lacks, and a concurrent tagger of
+    # the same number is resolved in tag_published_dataset by re-reading the tags.
+    dataset_version = plan_dataset_version(store, shards["dataset"], shards["commit_id"])
     reg = register_version(store, branch, spec.name, record_for, weights, meta)
+    tag_published_dataset(store, shards["dataset"], shards["commit_id"], planned=dataset_version)
     value = {"model": spec.name, "version": reg.version, "tag": reg.tag, "commit_id": reg.commit_id,
-             "main_commit_id": reg.main_commit_id}
+             "main_commit_id": reg.main_commit_id, "dataset_version": dataset_version}
     metadata = {
-        "version": reg.version, "tag": reg.tag, "commit_id": reg.commit_id,
+        "version": reg.version, "tag": reg.tag, "commit_id": reg.commit_id, "dataset_version": dataset_version,
         "test_accuracy": test["accuracy"], "test_loss": test["loss"], "validation_accuracy": val["accuracy"],
         "quality_gate": "passed",
-        "lineage": dg.MetadataValue.md(lineage_table(record_for(reg.version) | {"version_commit": reg.commit_id})),
+        "lineage": dg.MetadataValue.md(
+            lineage.lineage_markdown(committed[reg.version] | {"version_commit": reg.commit_id})),
     }
     return Outcome(value=value, metadata=metadata)
 
@@ -111,24 +124,3 @@ def data_checks(raw: dict, shards: dict) -> dict:
     checks["dataset"] = shards["dataset"]
     return checks
 
-
-def lineage_table(record: dict) -> str:
-    """The lineage record as a Markdown table for the UI."""
-    rows = [
-        ("model", f"{record['model']} v{record['version']}"),
-        ("raw data commit", record["data"]["raw_commit"]),
-        ("shards commit", record["data"]["shards_commit"]),
-        ("checkpoint", f"{record['checkpoint']['uri']} (sha256 {record['checkpoint']['sha256'][:16]}…)"),
-        ("code", f"{record['code'].get('git_sha')} (dirty: {record['code'].get('dirty')})"),
-        ("python / torch", f"{record['environment']['python']} / {record['environment']['torch']}"),
-        ("seed / world size / backend", f"{record['training']['seed']} / {record['training']['world_size']} / "
-                                         f"{record['training']['backend']}"),
-        ("test accuracy", f"{record['evaluation']['test']['accuracy']:.4f}"),
-        ("data checks", ", ".join(f"{k}: {'passed' if v.get('passed') else 'FAILED'} ({v.get('evaluated')} expectations)"
-                                  for k, v in record.get("checks", {}).items() if isinstance(v, dict)) or "none"),
-        ("final training loss", str(record["training_figures"].get("final_loss"))),
-        ("dagster run", record["dagster"]["run_id"]),
-    ]
-    for k, v in record.get("links", {}).items():
-        rows.append((f"{k} in lakeFS", f"[{v}]({v})"))
-    return "| field | value |\n| --- | --- |\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -1,0 +1,298 @@
+"""Dataset versions users can name: version N of dataset D is the tag ``D-dN`` on the store commit
+that holds the shards (``datasets/D/shards/``) a model trained on when that model was published.
+
+A tag means "published": it is created only after ``register_version`` merged the run branch,
+with the shards, into ``main``. Retraining on the same data (the same shards commit, or a later
+commit whose shards are identical) keeps the dataset's version; only new data makes ``D-d<N+1>``.
+
+Lineage records name the version they trained on (``record["data"]["dataset_version"]``). The name
+is planned before the record is committed and the tag is created after the merge, so a record
+published on ``main`` is the claim a tag must honour: planning first creates any tag a published
+record claims but the store lacks (a failure between the merge and the tag), exactly as
+``core.versions.repair_untagged_versions`` does for model versions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+
+from resources.store.base import MAIN, RefNotFoundError, StoreError, VersionedStore
+
+# Dataset names follow pipeline names (core.spec): lowercase letters, digits and '_', so the dash
+# before "d<N>" (and before a model tag's "v<N>") cannot be part of a name.
+_DATASET_TAG = re.compile(r"^(?P<dataset>[a-z][a-z0-9_]*)-d(?P<number>[1-9][0-9]*)$")
+_LINEAGE_ON_MAIN = re.compile(r"^models/[^/]+/versions/v[0-9]+/lineage\.json$")
+CHECKED_ASSETS = ("raw_dataset", "shards")  # the validation reports committed beside the data
+# The manifest names the raw commit it was built from; an unchanged source re-ingested by a later
+# run has the same bytes at a newer commit, so that field alone does not make new data.
+_MANIFEST_PROVENANCE_KEYS = ("source_commit",)
+
+
+class UnknownDatasetVersionError(LookupError):
+    """A dataset, or a version of it, that the store has not published."""
+
+
+@dataclass(frozen=True)
+class DataCheck:
+    """One validation report committed beside the data (raw_dataset or shards)."""
+
+    passed: bool
+    expectations: int  # how many expectations the suite evaluated
+    failed: int
+
+
+@dataclass(frozen=True)
+class DatasetVersion:
+    dataset: str
+    tag: str  # "<dataset>-d<N>"
+    number: int
+    commit_id: str  # the shards commit the tag points at
+    committed_at: str  # ISO 8601, UTC
+    num_samples: dict[str, int]  # split -> samples, from the manifest at the commit
+    checks: dict[str, DataCheck]  # "raw_dataset" / "shards" -> the report at the commit
+    models: tuple[str, ...]  # "<model> v<N>" of every published model version trained on it
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- names ------------------------------------------------------------------------------------------
+def dataset_tag(dataset: str, number: int) -> str:
+    tag = f"{dataset}-d{number}"
+    # Only names parse_dataset_tag reads back: another spelling would never count as a version.
+    if parse_dataset_tag(tag) != (dataset, number):
+        raise ValueError(f"no dataset version {number} of {dataset!r}: datasets are named with lowercase letters, "
+                         "digits and '_' (like pipelines), and versions count from 1")
+    return tag
+
+
+def parse_dataset_tag(tag: str) -> tuple[str, int] | None:
+    """(dataset, N) of a dataset tag; None for any other tag (a model's ``<model>-v<N>`` included)."""
+    m = _DATASET_TAG.fullmatch(tag)
+    return (m.group("dataset"), int(m.group("number"))) if m else None
+
+
+def shards_prefix(dataset: str) -> str:
+    return f"datasets/{dataset}/shards/"
+
+
+def manifest_path(dataset: str) -> str:
+    return shards_prefix(dataset) + "manifest.json"
+
+
+def validation_report_path(dataset: str, asset: str) -> str:
+    return f"datasets/{dataset}/validation/{asset}.json"
+
+
+# --- listing ----------------------------------------------------------------------------------------
+def _all_tags(store: VersionedStore) -> dict[str, str]:
+    try:
+        return store.list_tags()
+    except RefNotFoundError as exc:
+        raise UnknownDatasetVersionError(
+            f"the store holds no published datasets yet ({exc}); run a pipeline's training job first"
+        ) from exc
+
+
+def dataset_tags(store: VersionedStore, dataset: str) -> dict[int, str]:
+    """Version number -> shards commit id of every published version of ``dataset``, oldest first."""
+    found = {}
+    for tag, commit_id in _all_tags(store).items():
+        parsed = parse_dataset_tag(tag)
+        if parsed and parsed[0] == dataset:
+            found[parsed[1]] = commit_id
+    return dict(sorted(found.items()))
+
+
+def published_datasets(store: VersionedStore) -> list[str]:
+    """Datasets with at least one published version."""
+    return sorted({parsed[0] for tag in _all_tags(store) if (parsed := parse_dataset_tag(tag))})
+
+
+def list_dataset_versions(store: VersionedStore, dataset: str) -> list[DatasetVersion]:
+    """Every published version of ``dataset``, oldest first, with what it holds and who trained on it."""
+    tags = dataset_tags(store, dataset)
+    records = published_lineage_records(store) if tags else []
+    return [_describe_version(store, dataset, number, commit_id, records) for number, commit_id in tags.items()]
+
+
+def _describe_version(store: VersionedStore, dataset: str, number: int, commit_id: str,
+                      records: list[dict]) -> DatasetVersion:
+    tag = dataset_tag(dataset, number)
+    manifest = json.loads(store.get_object(commit_id, manifest_path(dataset)))
+    committed = datetime.fromtimestamp(store.get_commit(commit_id).creation_date, timezone.utc)
+    return DatasetVersion(
+        dataset=dataset, tag=tag, number=number, commit_id=commit_id,
+        committed_at=committed.isoformat(timespec="seconds"),
+        num_samples={split: body["num_samples"] for split, body in manifest["splits"].items()},
+        checks=_data_checks(store, dataset, commit_id),
+        models=tuple(f"{r['model']} v{r['version']}" for r in records if _trained_on(r, dataset, tag, commit_id)))
+
+
+def _data_checks(store: VersionedStore, dataset: str, commit_id: str) -> dict[str, DataCheck]:
+    """The validation reports at ``commit_id``; a report the commit lacks is left out, not invented."""
+    checks = {}
+    for asset in CHECKED_ASSETS:
+        path = validation_report_path(dataset, asset)
+        if not store.exists(commit_id, path):
+            continue
+        report = json.loads(store.get_object(commit_id, path))
+        checks[asset] = DataCheck(passed=bool(report["passed"]), expectations=int(report["evaluated"]),
+                                  failed=int(report["failed"]))
+    return checks
+
+
+def _trained_on(record: dict, dataset: str, tag: str, commit_id: str) -> bool:
+    """A record names its dataset version; records older than that field match by shards commit."""
+    data = record["data"]
+    if data.get("dataset") != dataset:
+        return False
+    return data.get("dataset_version") == tag or data["shards_commit"] == commit_id
+
+
+def published_lineage_records(store: VersionedStore) -> list[dict]:
+    """The lineage record of every model version on ``main``, by model and version.
+
+    Read from ``main`` rather than through model tags so that a version whose tag a store failure
+    delayed (``core.versions.repair_untagged_versions`` adds it later) still counts: it is published.
+    """
+    paths = [o.path for o in store.list_objects(MAIN, prefix="models/") if _LINEAGE_ON_MAIN.fullmatch(o.path)]
+    records = [json.loads(store.get_object(MAIN, path)) for path in paths]
+    return sorted(records, key=lambda r: (r["model"], r["version"]))
+
+
+# --- resolving a version a user names ---------------------------------------------------------------
+def resolve_dataset_version(store: VersionedStore, dataset: str, version: str | int | None) -> tuple[str, str]:
+    """(tag, shards commit id) of ``version``: a tag (``digits-d2``), ``d2`` or ``2``; None: the newest."""
+    tags = dataset_tags(store, dataset)
+    if not tags:
+        others = published_datasets(store)
+        raise UnknownDatasetVersionError(
+            f"dataset {dataset!r} has no published versions"
+            + (f" (datasets with versions: {', '.join(others)})" if others else "")
+            + f"; a version is published when a model trained on it registers: run the {dataset}_training job")
+    number = max(tags) if version is None else _version_number(dataset, version, tags)
+    if number not in tags:
+        raise UnknownDatasetVersionError(
+            f"dataset {dataset!r} has no version {version!r}; published versions: {_names(dataset, tags)}. "
+            "Give one of those tags, its number, or nothing for the newest")
+    return dataset_tag(dataset, number), tags[number]
+
+
+def _version_number(dataset: str, version: str | int, tags: dict[int, str]) -> int:
+    text = str(version).strip()
+    if re.fullmatch(r"d?[1-9][0-9]*", text):
+        return int(text.lstrip("d"))
+    parsed = parse_dataset_tag(text)
+    if parsed is None or parsed[0] != dataset:
+        raise UnknownDatasetVersionError(
+            f"{version!r} is not a version of dataset {dataset!r}; use a tag such as "
+            f"{dataset_tag(dataset, max(tags))!r}, or its number; published versions: {_names(dataset, tags)}")
+    return parsed[1]
+
+
+def _names(dataset: str, tags: dict[int, str]) -> str:
+    return ", ".join(dataset_tag(dataset, n) for n in tags)
+
+
+# --- tagging after publication ----------------------------------------------------------------------
+def same_shards(store: VersionedStore, dataset: str, left_commit: str, right_commit: str) -> bool:
+    """Whether two commits hold the same shards of ``dataset`` (provenance fields aside)."""
+    if left_commit == right_commit:
+        return True
+    changed = {entry.path for entry in store.diff(left_commit, right_commit, prefix=shards_prefix(dataset))}
+    if not changed <= {manifest_path(dataset)}:
+        return False  # a shard file was added, removed or rewritten
+    # The manifest lists every shard's sha256, so equal manifests mean equal data.
+    return _content_of(store, dataset, left_commit) == _content_of(store, dataset, right_commit)
+
+
+def _content_of(store: VersionedStore, dataset: str, commit_id: str) -> dict:
+    manifest = json.loads(store.get_object(commit_id, manifest_path(dataset)))
+    return {k: v for k, v in manifest.items() if k not in _MANIFEST_PROVENANCE_KEYS}
+
+
+def plan_dataset_version(store: VersionedStore, dataset: str, shards_commit: str) -> str:
+    """The tag that names the shards of ``dataset`` at ``shards_commit`` once they are published.
+
+    An existing tag on that commit (a retry, a second model trained in the same run); else the
+    newest version when its shards are identical (retraining on unchanged data); else one past
+    the highest version. Tags that published lineage records claim are created first, so a name
+    a published model version already states is never handed to other data.
+    """
+    repair_claimed_dataset_tags(store, dataset)
+    tags = dataset_tags(store, dataset)
+    on_commit = [n for n, commit_id in tags.items() if commit_id == shards_commit]
+    if on_commit:
+        return dataset_tag(dataset, on_commit[0])
+    if tags and same_shards(store, dataset, tags[max(tags)], shards_commit):
+        return dataset_tag(dataset, max(tags))
+    return dataset_tag(dataset, max(tags, default=0) + 1)
+
+
+def tag_published_dataset(store: VersionedStore, dataset: str, shards_commit: str, planned: str | None = None,
+                          attempts: int = 5) -> str:
+    """Tag the published ``shards_commit`` as a version of ``dataset``; return the tag naming its data.
+
+    Idempotent: data that already has a version keeps it. Two taggers racing for one number: the
+    store refuses the second ``create_tag``; it re-reads the tags, accepts the winner's tag when it
+    names the same data, and otherwise plans again (the next number). With ``planned`` (a name a
+    lineage record already states) there is no other name to fall back to: a different holder of
+    that tag is an inconsistency and raises StoreError.
+    """
+    for _ in range(attempts):
+        tag = planned or plan_dataset_version(store, dataset, shards_commit)
+        if _create_or_accept(store, dataset, tag, shards_commit):
+            return tag
+        if planned:
+            holder = store.list_tags()[tag]
+            raise StoreError(
+                f"dataset tag {tag!r} points at commit {holder}, whose shards differ from the published commit "
+                f"{shards_commit}, yet a lineage record names {tag!r} for the latter; tags are immutable: compare "
+                f"`python -m pipelines datasets {dataset}` with the records and fix the tag by hand")
+    raise StoreError(
+        f"could not tag a version of dataset {dataset!r} at {shards_commit}: {attempts} attempts lost the race for "
+        "a version number to other publications; run the tagging again")
+
+
+def _create_or_accept(store: VersionedStore, dataset: str, tag: str, shards_commit: str) -> bool:
+    """Create ``tag`` at ``shards_commit``; True when it now names that data (created here or by a
+    concurrent tagger), False when it names other data (this tagger lost the number)."""
+    holder = store.list_tags().get(tag)
+    if holder is None:
+        try:
+            store.create_tag(tag, shards_commit)
+            return True
+        except StoreError:
+            # Neither backend has a distinct "tag exists" error (lakeFS answers 409, local a plain
+            # StoreError): re-read; if the tag is still missing, the failure was something else.
+            holder = store.list_tags().get(tag)
+            if holder is None:
+                raise
+    return same_shards(store, dataset, holder, shards_commit)
+
+
+def repair_claimed_dataset_tags(store: VersionedStore, dataset: str) -> list[str]:
+    """Create the tags that published lineage records name but the store lacks; return them.
+
+    A registration plans its tag, publishes the record, then tags: a store failure in between
+    leaves a published record naming a missing tag, which must go on that record's shards.
+    """
+    existing = dataset_tags(store, dataset)
+    claims: dict[int, str] = {}
+    for record in published_lineage_records(store):
+        parsed = parse_dataset_tag(record["data"].get("dataset_version") or "")
+        if parsed and parsed[0] == dataset and parsed[1] not in existing:
+            claims.setdefault(parsed[1], record["data"]["shards_commit"])
+    repaired = []
+    for number, shards_commit in sorted(claims.items()):
+        tag = dataset_tag(dataset, number)
+        if not _create_or_accept(store, dataset, tag, shards_commit):
+            raise StoreError(
+                f"dataset tag {tag!r} was created at other shards while a published lineage record names it for "
+                f"commit {shards_commit}; compare `python -m pipelines datasets {dataset}` with the records")
+        repaired.append(tag)
+    return repaired
