@@ -16,12 +16,14 @@ import dagster as dg
 from assets import ingest, quality
 from assets.sharding import build_shards_from_chunks, sample_bytes
 from assets.source import SourceError, file_sha256, iter_frame_chunks, iter_source_chunks, resolve_source_files
+from core.datasets import plan_dataset_version, tag_published_dataset, validation_report_path
 from core.spec import PipelineSpec
 from ops.evaluation import build_evaluation_op
+from ops.published_dataset import build_published_dataset_op, build_trained_dataset_op
 from ops.runs import TRANSIENT_RETRY, commit_metadata, commit_or_head, ensure_run_branch
 from ops.training import build_training_op
 from resources.platform import PlatformSettings, VersionedStoreResource
-from resources.store.base import MAIN
+from resources.store.base import MAIN, RefNotFoundError
 
 
 SOURCE_COMMIT_TAG = "platform/source_commit"  # the store commit whose sources/ a run ingests
@@ -41,9 +43,10 @@ def pipeline_asset_keys(spec: PipelineSpec) -> dict[str, dg.AssetKey]:
 
 
 def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
-    """The pipeline's assets; one that trains on another pipeline's dataset gets only its own two."""
+    """The pipeline's assets; one that trains on another pipeline's dataset gets only its own two, a
+    dataset pipeline only its data."""
     data = [] if spec.dataset else _data_assets(spec)
-    return data + _model_assets(spec)
+    return data + (_model_assets(spec) if spec.trains else [])
 
 
 def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
@@ -57,6 +60,7 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def raw_dataset(context: dg.AssetExecutionContext, platform: PlatformSettings, store: VersionedStoreResource):
         s = store.get()
         s.ensure_repository()
+        _check_dataset_owner(s, spec)
         with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
             chunks, sources, source_commit = _source_chunks(context, spec, s, platform.sources_root, Path(tmp))
             try:
@@ -106,6 +110,7 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc
             manifest["source_commit"] = raw["commit_id"]
+            manifest["location"] = spec.location  # whose dataset this is, for other locations reading it
             _replace_prefix(s, branch, prefix, out, manifest)
         # Check what the store holds now, read back from the staged shard files.
         report = quality.run_suite(f"{name}/shards", spec.expectations.shards(spec),
@@ -114,44 +119,72 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                     raw_commit=raw["commit_id"])
         counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
         value = {"dataset": name, "commit_id": commit_id, "prefix": prefix, "manifest_path": prefix + "manifest.json",
-                 "raw_commit": raw["commit_id"], "num_samples": counts,
+                 "raw_commit": raw["commit_id"], "num_samples": counts, "location": spec.location,
                  "checks": {"raw_dataset": raw.get("checks"), "shards": report.summary()}}
+        if report.passed and not spec.trains:
+            value["dataset_version"] = _publish_dataset(context, s, branch, platform, name, commit_id)
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             "commit_id": commit_id, **{f"{k}_samples": n for k, n in counts.items()},
-            "shards": sum(len(v["shards"]) for v in manifest["splits"].values()), "store_link": _link(s, commit_id)})
+            "shards": sum(len(v["shards"]) for v in manifest["splits"].values()), "store_link": _link(s, commit_id),
+            **({"dataset_version": value["dataset_version"]} if "dataset_version" in value else {})})
         yield from _gate(context, report, keys["shards"], SHARDS_CHECK, commit_id, branch)
 
     return [raw_dataset, shards]
 
 
 def _model_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
-    """Graph-backed assets: each runs one op of ops/ (the distributed training op, the evaluation op)."""
+    """Graph-backed assets: each runs ops of ops/ (the distributed training op, the evaluation op)."""
     keys = pipeline_asset_keys(spec)
     name = spec.name
-    shared = f" (shared dataset {spec.dataset!r})" if spec.dataset else ""
     train, evaluate = build_training_op(spec), build_evaluation_op(spec)
+    checkpoint_args = dict(key=keys["checkpoint"], group_name=name, kinds={"pytorch"},
+                           tags={"platform/gpus": str(spec.gpus)},
+                           description=f"{spec.model} trained on {spec.dataset_name}'s shards{_shared(spec)} by the "
+                                       "distributed training op.")
+    version_args = dict(key=keys["model_version"], group_name=name, kinds={"pytorch"},
+                        automation_condition=dg.AutomationCondition.eager(),
+                        description=f"{name} evaluated on the held-out test split, registered and published if it "
+                                    "passes the gate.")
+    if spec.published_elsewhere:
+        # Another location's shards: a dependency for the graph (and the UI), read from the store.
+        resolve, read_back = build_published_dataset_op(spec), build_trained_dataset_op(spec)
 
-    @dg.graph_asset(key=keys["checkpoint"], group_name=name, ins={"shards": dg.AssetIn(keys["shards"])},
-                    kinds={"pytorch"}, tags={"platform/gpus": str(spec.gpus)},
-                    description=f"{spec.model} trained on {spec.dataset_name}'s shards{shared} by the distributed "
-                                "training op.")
+        @dg.graph_asset(ins={"shards": dg.AssetIn(keys["shards"], dagster_type=dg.Nothing)}, **checkpoint_args)
+        def checkpoint(shards):
+            return train(resolve(shards))
+
+        @dg.graph_asset(ins={"checkpoint": dg.AssetIn(keys["checkpoint"])}, **version_args)
+        def model_version(checkpoint):
+            shards, raw = read_back(checkpoint)
+            return evaluate(checkpoint, shards, raw)
+
+        return [checkpoint, model_version]
+
+    @dg.graph_asset(ins={"shards": dg.AssetIn(keys["shards"])}, **checkpoint_args)
     def checkpoint(shards):
         return train(shards)
 
-    @dg.graph_asset(key=keys["model_version"], group_name=name, kinds={"pytorch"},
-                    ins={"checkpoint": dg.AssetIn(keys["checkpoint"]), "shards": dg.AssetIn(keys["shards"]),
-                         "raw": dg.AssetIn(keys["raw_dataset"])},
-                    automation_condition=dg.AutomationCondition.eager(),
-                    description=f"{name} evaluated on the held-out test split, registered and published if it "
-                                "passes the gate.")
+    @dg.graph_asset(ins={"checkpoint": dg.AssetIn(keys["checkpoint"]), "shards": dg.AssetIn(keys["shards"]),
+                         "raw": dg.AssetIn(keys["raw_dataset"])}, **version_args)
     def model_version(checkpoint, shards, raw):
         return evaluate(checkpoint, shards, raw)
 
     return [checkpoint, model_version]
 
 
-def validation_report_path(dataset: str, asset: str) -> str:
-    return ingest.dataset_prefix(dataset) + f"validation/{asset}.json"
+def _shared(spec: PipelineSpec) -> str:
+    if spec.published_elsewhere:
+        return f" (dataset {spec.dataset!r} published by code location {spec.dataset_location!r})"
+    return f" (shared dataset {spec.dataset!r})" if spec.dataset else ""
+
+
+def published_dataset_specs(spec: PipelineSpec) -> list[dg.AssetSpec]:
+    """The owner's shards as an external asset of this location, so the UI draws the dependency."""
+    if not spec.published_elsewhere:
+        return []
+    return [dg.AssetSpec(pipeline_asset_keys(spec)["shards"], kinds={"numpy"},
+                         description=f"Shards of {spec.dataset!r}, materialized by code location "
+                                     f"{spec.dataset_location!r} and read here as published on main.")]
 
 
 def _commit_checked(context, store, branch: str, platform: PlatformSettings, report: quality.QualityReport,
@@ -220,6 +253,29 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
                 [{"file": o.path, "bytes": o.size_bytes, "checksum": o.checksum} for o in in_store], commit)
     except SourceError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+
+
+def _publish_dataset(context, store, branch: str, platform: PlatformSettings, name: str, commit_id: str) -> str:
+    """A dataset pipeline has no model version whose registration would publish its shards: they
+    reach main once they pass their checks, tagged as the dataset's next version (or the newest one
+    when the data did not change)."""
+    version = plan_dataset_version(store, name, commit_id)
+    store.merge(branch, MAIN, f"Publish dataset {name} ({version})",
+                commit_metadata(context, platform.run_url(context.run_id), dataset_version=version))
+    return tag_published_dataset(store, name, commit_id, planned=version)
+
+
+def _check_dataset_owner(store, spec: PipelineSpec) -> None:
+    """Two code locations publishing one dataset name would overwrite each other's data on main."""
+    try:
+        published = json.loads(store.get_object(MAIN, ingest.dataset_prefix(spec.name) + "shards/manifest.json"))
+    except RefNotFoundError:
+        return  # never published
+    owner = published.get("location")
+    if owner is not None and owner != spec.location:
+        raise dg.Failure(description=f"dataset {spec.name!r} on main was published by code location {owner!r}; "
+                                     f"pipeline {spec.name!r} of location {spec.location!r} would overwrite it. "
+                                     "Rename one of the two pipelines", allow_retries=False)
 
 
 def _link(store, ref: str) -> dg.MetadataValue | str:

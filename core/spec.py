@@ -12,6 +12,7 @@ import pandas as pd
 from core.expectations import standard_raw_expectations, standard_shard_expectations
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_LOCATION = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # Dagster code location names
 
 
 class PipelineDefinitionError(ValueError):
@@ -143,6 +144,12 @@ class PipelineSpec:
     name: str
     source: Source | None = None
     dataset: str | None = None  # another pipeline's name: train on its shards instead of a source
+    # The code location that publishes ``dataset`` when it is not this one's (another team's):
+    # training then reads its shards as published on main, never the owner's unpublished runs.
+    dataset_location: str | None = None
+    # Pin another location's dataset to one published version (tag "<dataset>-d<N>"); None: the newest.
+    dataset_version: str | None = None
+    location: str = "platform"  # the code location that defines this pipeline (set by its definitions)
     feature_columns: tuple[str, ...] = ()
     label_column: str = ""
     class_names: tuple[str, ...] = ()
@@ -150,7 +157,7 @@ class PipelineSpec:
     expectations: QualitySuite = field(default_factory=QualitySuite.standard)
     triggers: Triggers = field(default_factory=Triggers)
     team: str = "ml"
-    model: str = "mlp"
+    model: str | None = "mlp"  # None: a dataset pipeline (raw_dataset and shards only; see dataset_pipeline)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     recipe: Recipe = field(default_factory=Recipe)
     gate: QualityGate = field(default_factory=QualityGate)
@@ -204,12 +211,27 @@ class PipelineSpec:
     def _check_shared(self, n: str) -> None:
         if not isinstance(self.dataset, str) or not _NAME.fullmatch(self.dataset) or self.dataset == n:
             _fail(n, "dataset", f"{self.dataset!r} must name another pipeline")
+        if self.dataset_location is not None and not _LOCATION.fullmatch(self.dataset_location):
+            _fail(n, "dataset_location", f"{self.dataset_location!r} is not a code location name; use letters, "
+                  "digits, '_' and '-'")
+        if self.dataset_version is not None:
+            if self.dataset_location is None:
+                _fail(n, "dataset_version", "pins a dataset another code location publishes; give dataset_location "
+                      "too (a dataset of this location is trained on the commit its own run produces)")
+            if not re.fullmatch(rf"{re.escape(self.dataset)}-d[1-9]\d*", self.dataset_version):
+                _fail(n, "dataset_version", f"{self.dataset_version!r} is not a version of {self.dataset!r}; "
+                      f"use its tag, e.g. '{self.dataset}-d1' (python -m pipelines datasets {self.dataset} lists them)")
         taken = [f for f in ("source", "feature_columns", "label_column", "class_names", "id_column",
                              "feature_shape") if getattr(self, f)]
         if taken:
             _fail(n, taken[0], f"comes from the shared dataset {self.dataset!r}; leave it out")
 
     def _check_common(self, n: str) -> None:
+        if not isinstance(self.location, str) or not _LOCATION.fullmatch(self.location):
+            _fail(n, "location", f"{self.location!r} is not a code location name; use letters, digits, '_' and '-'")
+        if self.dataset is None and (self.dataset_location or self.dataset_version):
+            _fail(n, "dataset_location" if self.dataset_location else "dataset_version",
+                  "applies only to a pipeline that trains on another pipeline's dataset (dataset=...)")
         r = self.recipe
         for fname in ("epochs", "batch_size", "world_size", "nnodes", "grad_accum_steps", "checkpoint_every_steps",
                       "keep_last_checkpoints"):
@@ -223,7 +245,11 @@ class PipelineSpec:
             _fail(n, "recipe.gpus_per_node", "must be 0 (CPU) or more")
         if not _NAME.fullmatch(self.team or ""):
             _fail(n, "team", "use lowercase letters, digits and '_'")
-        _check_model_name(n, self.model)
+        if self.model is None:
+            if self.dataset is not None:
+                _fail(n, "model", "a pipeline that trains on another pipeline's dataset needs a model")
+        else:
+            _check_model_name(n, self.model)
         if self.triggers.cron is not None:
             from dagster._utils.schedules import is_valid_cron_string
 
@@ -245,9 +271,19 @@ class PipelineSpec:
         return self.dataset or self.name
 
     @property
+    def trains(self) -> bool:
+        """False for a dataset pipeline: it publishes data that other pipelines train on."""
+        return self.model is not None
+
+    @property
+    def published_elsewhere(self) -> bool:
+        """Trains on a dataset another code location publishes (read from the store, not this location)."""
+        return self.dataset is not None and self.dataset_location is not None
+
+    @property
     def gpus(self) -> int:
         """GPU units one training run takes from the cluster's capacity."""
-        return self.recipe.gpus_per_node * self.recipe.nnodes
+        return self.recipe.gpus_per_node * self.recipe.nnodes if self.trains else 0
 
     def sharing(self, owner: "PipelineSpec") -> "PipelineSpec":
         """This spec with the data fields of the pipeline that owns its dataset."""
@@ -271,17 +307,25 @@ def resolve_shared(specs: Sequence[PipelineSpec]) -> list[PipelineSpec]:
     for spec in specs:
         if spec.dataset is None:
             out.append(spec)
-            continue
-        if spec.dataset not in by_name:
-            _fail(spec.name, "dataset", f"no pipeline named {spec.dataset!r}; known: {sorted(by_name)}")
-        out.append(spec.sharing(by_name[spec.dataset]))
+        elif spec.dataset_location is not None:
+            if spec.dataset in by_name and spec.dataset_location == by_name[spec.dataset].location:
+                _fail(spec.name, "dataset_location", f"{spec.dataset!r} is defined in this code location "
+                      f"({spec.dataset_location!r}); leave dataset_location out")
+            out.append(spec)  # read as published on main; its owner's fields are in the shard manifest
+        elif spec.dataset not in by_name:
+            _fail(spec.name, "dataset", f"no pipeline named {spec.dataset!r} in this code location; known: "
+                  f"{sorted(by_name)}. If another team's code location publishes it, add "
+                  "dataset_location='<that location>'")
+        else:
+            out.append(spec.sharing(by_name[spec.dataset]))
     return out
 
 
 def model_pipeline(
     name: str, *, source: str | Sequence[str] | Callable[[], pd.DataFrame] | Source | None = None,
-    dataset: str | None = None, features: Sequence[str] = (), label: str = "", classes: Sequence[Any] = (),
-    id_column: str | None = None, expectations: QualitySuite | None = None, model: str = "mlp",
+    dataset: str | None = None, dataset_location: str | None = None, dataset_version: str | None = None,
+    features: Sequence[str] = (), label: str = "", classes: Sequence[Any] = (),
+    id_column: str | None = None, expectations: QualitySuite | None = None, model: str | None = "mlp",
     model_kwargs: Mapping[str, Any] | None = None, recipe: Recipe | Mapping[str, Any] | None = None,
     gate: QualityGate | Mapping[str, Any] | None = None, triggers: Triggers | Mapping[str, Any] | None = None,
     feature_shape: Sequence[int] | None = None, split: Split | Mapping[str, Any] | None = None,
@@ -291,7 +335,9 @@ def model_pipeline(
 
     ``source`` is a path/glob (or several) of CSV/Parquet files under the sources root, a
     function returning a DataFrame, or a ``Source``; ``dataset="other"`` trains on another
-    pipeline's shards instead (then leave out source, features, label and classes). ``model`` is
+    pipeline's shards instead (then leave out source, features, label and classes); when another
+    team's code location publishes that dataset, ``dataset_location`` names it and training reads
+    the newest published version, or the one ``dataset_version`` (``"<dataset>-d<N>"``) pins. ``model`` is
     a registry name (``mlp``, ``cnn``, ``transformer``) or ``"package.module:factory"``.
     ``recipe``, ``gate``, ``triggers`` and ``split`` take the dataclasses or plain dicts of their
     fields. ``build_definitions`` turns the returned spec into assets with blocking Great
@@ -305,7 +351,8 @@ def model_pipeline(
     elif source is not None and not isinstance(source, Source):
         source = Source(paths=tuple(source))
     return PipelineSpec(
-        name=name, source=source, dataset=dataset, feature_columns=tuple(features), label_column=label,
+        name=name, source=source, dataset=dataset, dataset_location=dataset_location, dataset_version=dataset_version,
+        feature_columns=tuple(features), label_column=label,
         class_names=tuple(str(c) for c in classes), id_column=id_column,
         expectations=expectations if expectations is not None else QualitySuite.standard(),
         model=model, model_kwargs=dict(model_kwargs or {}),
@@ -337,3 +384,18 @@ def _check_model_name(pipeline: str, model: str) -> None:
     if model not in BUILTIN_MODELS:
         _fail(pipeline, "model", f"unknown model {model!r}; choose one of {list(BUILTIN_MODELS)} "
               "or give an import path 'package.module:factory'")
+
+
+def dataset_pipeline(
+    name: str, *, source: str | Sequence[str] | Callable[[], pd.DataFrame] | Source, features: Sequence[str],
+    label: str, classes: Sequence[Any], id_column: str | None = None, expectations: QualitySuite | None = None,
+    triggers: Triggers | Mapping[str, Any] | None = None, feature_shape: Sequence[int] | None = None,
+    split: Split | Mapping[str, Any] | None = None, team: str = "ml", description: str = "",
+) -> PipelineSpec:
+    """Declare a dataset alone: raw_dataset -> shards, for pipelines that name it as their ``dataset``
+    (in this code location, or in others with ``dataset_location``). Its job ingests, shards and
+    retrains every pipeline of this location that trains on it; its schedule and new-data sensor
+    start that job. Fields as in ``model_pipeline``."""
+    return model_pipeline(name, source=source, features=features, label=label, classes=classes,
+                          id_column=id_column, expectations=expectations, model=None, triggers=triggers,
+                          feature_shape=feature_shape, split=split, team=team, description=description)

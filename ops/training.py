@@ -108,7 +108,8 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
         commit_id = commit_or_head(s, branch, f"Train {name}", commit_metadata(
             context, platform.run_url(context.run_id), shards_commit=shards["commit_id"], dataset=shards["dataset"]))
         value = {"commit_id": commit_id, "weights_path": weights_path, "weights_uri": weights_uri,
-                 "weights_sha256": result.weights_sha256, "shards_commit": shards["commit_id"]}
+                 "weights_sha256": result.weights_sha256, "shards_commit": shards["commit_id"],
+                 "dataset_version": shards.get("dataset_version")}
         return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri,
             "dataset": shards["dataset"], "shards_commit": shards["commit_id"]})

@@ -22,7 +22,9 @@ from typing import Sequence
 import dagster as dg
 
 from assets.pipeline import SOURCE_COMMIT_TAG, source_area
+from core.datasets import resolve_dataset_version
 from core.spec import PipelineSpec
+from ops.published_dataset import DATASET_VERSION_TAG
 from resources.platform import VersionedStoreResource
 from resources.store.base import MAIN, RefNotFoundError
 
@@ -90,6 +92,8 @@ def build_schedule(spec: PipelineSpec, job, specs: Sequence[PipelineSpec]) -> dg
 
 
 def build_new_data_sensor(spec: PipelineSpec, job, specs: Sequence[PipelineSpec]) -> dg.SensorDefinition | None:
+    if spec.published_elsewhere:
+        return build_published_dataset_sensor(spec, job, specs)
     areas = source_area(spec)
     if not spec.triggers.on_new_data or not areas:
         return None  # loader sources and shared datasets: the owner's job retrains them
@@ -116,3 +120,36 @@ def build_new_data_sensor(spec: PipelineSpec, job, specs: Sequence[PipelineSpec]
             **run_tags(spec, "new_data"), SOURCE_COMMIT_TAG: head})
 
     return new_data_sensor
+
+
+def build_published_dataset_sensor(spec: PipelineSpec, job, specs: Sequence[PipelineSpec]) -> dg.SensorDefinition | None:
+    """Retrain when the owning location publishes a new version of the dataset (a new ``-d<N>`` tag).
+
+    Only when the pipeline asks for it (``triggers.on_new_data``) and does not pin a version. The
+    cursor is the newest version seen; each run is tagged with the version it must train on.
+    """
+    if not spec.triggers.on_new_data or spec.dataset_version is not None:
+        return None
+    busy_models = overlapping_models(spec, specs)
+
+    @dg.sensor(name=f"{spec.name}_new_data_sensor", job=job, minimum_interval_seconds=spec.triggers.sensor_interval_s,
+               default_status=dg.DefaultSensorStatus.RUNNING if spec.triggers.active else dg.DefaultSensorStatus.STOPPED,
+               description=f"Retrain {spec.name} when code location {spec.dataset_location!r} publishes a new "
+                           f"version of {spec.dataset!r}.")
+    def published_data_sensor(context: dg.SensorEvaluationContext, store: VersionedStoreResource):
+        s = store.get()
+        s.ensure_repository()
+        try:
+            newest, _ = resolve_dataset_version(s, spec.dataset, None)
+        except LookupError:
+            return dg.SkipReason(f"{spec.dataset!r} has no published version yet")
+        if context.cursor == newest:
+            return dg.SkipReason(f"{newest} is still the newest version of {spec.dataset!r}")
+        busy = in_flight_runs(context.instance, busy_models)
+        if busy:  # the cursor stays, so the next tick after that run trains on the newest version
+            return dg.SkipReason(f"{newest} is published; waiting for run {busy[0]} of {spec.name} to finish")
+        context.update_cursor(newest)
+        return dg.RunRequest(run_key=f"{spec.name}:{newest}", tags={**run_tags(spec, "new_data"),
+                                                                    DATASET_VERSION_TAG: newest})
+
+    return published_data_sensor

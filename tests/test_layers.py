@@ -90,3 +90,16 @@ def test_the_checker_finds_an_upward_import_and_a_circle(tmp_path):
         "ops.a imports pipelines.automation (ops may import only "
         "['ops', 'core', 'resources', 'training_runtime'])"]
     assert import_circles(modules) == [["ops.a", "ops.b"]]
+
+
+def test_team_code_imports_only_the_public_api():
+    """A team's location (teams/) uses pipelines.api, never the platform's internals."""
+    modules = project_modules()
+    platform = set(LAYERS)
+    for path in (REPO / "teams").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        internal = sorted(m for m in imported if m.split(".")[0] in platform and m != "pipelines.api")
+        assert internal == [], f"{path.relative_to(REPO)} imports {internal}; import them from pipelines.api"
+    assert "pipelines.api" in modules

@@ -9,7 +9,7 @@ from core.lineage import commit_ids
 from core.registry import PRODUCTION, list_comments, list_versions, read_alias, read_lineage
 from pipelines.cli.compare import data_diff_rows
 from pipelines.cli.errors import UsageError
-from pipelines.cli.render import format_compare, format_diff, format_lineage, format_versions
+from pipelines.cli.render import format_compare, format_dataset_versions, format_diff, format_lineage, format_versions
 from pipelines.profiles import Profile
 from resources.store.base import RefNotFoundError, VersionedStore
 
@@ -63,4 +63,21 @@ def diff_command(args: argparse.Namespace) -> int:
     store = Profile.from_environment().store()
     left, right = read_lineage(store, args.model, args.v1), read_lineage(store, args.model, args.v2)
     print(format_diff(left, right, data_diff_rows(store, left, right)))
+    return 0
+
+
+def datasets_command(args: argparse.Namespace) -> int:
+    """Published versions of a dataset, or every dataset that has some."""
+    from core.datasets import list_dataset_versions, published_datasets
+
+    store = Profile.from_environment().store()
+    if args.dataset is None:
+        names = published_datasets(store)
+        print("\n".join(names) if names else "no dataset has a published version yet")
+        return 0
+    versions = list_dataset_versions(store, args.dataset)
+    if args.json:
+        print(json.dumps([v.to_dict() for v in versions], indent=2, sort_keys=True))
+    else:
+        print(format_dataset_versions(args.dataset, versions))
     return 0

@@ -5,10 +5,24 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+from pathlib import Path
 
 from pipelines.cli.annotation import comment_command, promote_command, rollback_command
 from pipelines.cli.demo import demo_command
-from pipelines.cli.inspection import compare_command, diff_command, lineage_command, versions_command
+from pipelines.cli.inspection import (
+    compare_command,
+    datasets_command,
+    diff_command,
+    lineage_command,
+    versions_command,
+)
+from pipelines.cli.platform_care import (
+    DEFAULT_DEFS_DIR,
+    DEFAULT_WORKSPACE,
+    housekeeping_command,
+    scaffold_command,
+    workspace_command,
+)
 from pipelines.cli.reproduce import reproduce_command
 
 
@@ -28,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines",
         description="Run the demo and question model versions: their lineage, differences, reproduction, "
-                    "comments and the production alias. The platform is the one at DAGSTER_HOME.")
+                    "comments and the production alias; list dataset versions; check the workspace; clean the "
+                    "store. The platform is the one at DAGSTER_HOME.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, func) -> argparse.ArgumentParser:
@@ -89,4 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
                 rollback_command)
     model_arg(p)
     p.add_argument("--by", default=default_actor(), help="Who rolls back (default: $USER).")
+
+    p = command("datasets", "List a dataset's published versions (<dataset>-d<N>) with sample counts, data checks "
+                            "and the model versions trained on each; without a name, the datasets.", datasets_command)
+    p.add_argument("dataset", nargs="?", default=None, help="Dataset name, e.g. digits.")
+    p.add_argument("--json", action="store_true", help="Print the versions as JSON.")
+
+    p = command("housekeeping", "List what store housekeeping would delete (merged or old run branches, checkpoints "
+                                "of runs never registered, old reproductions) with the reasons; --apply deletes. "
+                                "Never what a model version's lineage points at.", housekeeping_command)
+    p.add_argument("--older-than-days", type=float, default=7.0,
+                   help="Only what has been untouched for longer than this (default 7).")
+    p.add_argument("--apply", action="store_true", help="Delete the items listed (default: a dry run).")
+
+    p = command("workspace", "Load every code location of a workspace and check that pipeline and dataset names are "
+                             "unique across them and shared datasets are published where they are read from.",
+                workspace_command)
+    p.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE,
+                   help="The workspace file (default: the repository's workspace.yaml).")
+
+    p = command("scaffold", "Write a new YAML building block (a dataset, a training on a dataset, or a whole "
+                            "pipeline) from its template, every field listed.", scaffold_command)
+    p.add_argument("kind", choices=["dataset", "training", "pipeline"], help="The kind of block.")
+    p.add_argument("name", help="The block's pipeline name: lowercase letters, digits and '_'.")
+    p.add_argument("--defs-dir", type=Path, default=DEFAULT_DEFS_DIR,
+                   help="The defs folder of the code location (default: pipelines/defs).")
     return parser

@@ -68,6 +68,22 @@ def format_versions(records: list[dict], production_version: int | None, comment
     return "\n".join(table(["alias", "version", "created", "test acc", "shards", "comments"], rows, indent=""))
 
 
+def format_dataset_versions(dataset: str, versions: list) -> str:
+    """One line per published version of ``dataset`` (core.datasets.DatasetVersion), oldest first."""
+    if not versions:
+        return f"{dataset}: no published versions (a version is published when a model trained on it registers)"
+
+    def checks(v) -> str:
+        return ", ".join(f"{asset} {'passed' if c.passed else 'FAILED'} ({c.expectations})"
+                         for asset, c in v.checks.items()) or "none recorded"
+
+    rows = [[v.tag, v.committed_at, v.commit_id[:12],
+             " / ".join(str(v.num_samples.get(s, 0)) for s in ("train", "validation", "test")),
+             checks(v), ", ".join(v.models) or "-"] for v in versions]
+    return "\n".join(table(["version", "published", "shards", "train / val / test", "checks", "models trained on it"],
+                           rows, indent=""))
+
+
 # --- compare and diff ----------------------------------------------------------------------------
 def format_compare(records: list[dict], only_differences: bool = False) -> str:
     rows = compare_rows(records)

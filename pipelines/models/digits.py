@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.spec import model_pipeline
+from pipelines.api import model_pipeline
 from pipelines.models import digits_expectations
 from training_runtime.atomic_files import atomic_path
 

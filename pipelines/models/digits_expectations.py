@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from assets.quality import standard_raw_expectations, standard_shard_expectations
-from core.spec import PipelineSpec, QualitySuite
+from pipelines.api import PipelineSpec, QualitySuite, standard_raw_expectations, standard_shard_expectations
 
 
 def raw(spec: PipelineSpec) -> dict[str, list]:

@@ -2,8 +2,7 @@
 
 import pandas as pd
 
-from assets.quality import standard_raw_expectations, standard_shard_expectations
-from core.spec import QualitySuite, model_pipeline
+from pipelines.api import QualitySuite, model_pipeline, standard_raw_expectations, standard_shard_expectations
 
 FEATURES = ("alcohol", "malic_acid", "ash", "alcalinity_of_ash", "magnesium", "total_phenols", "flavanoids",
             "nonflavanoid_phenols", "proanthocyanins", "color_intensity", "hue",

@@ -77,4 +77,4 @@ def test_all_pipelines_load_together(platform):
     assert {"digits/shards", "digits_cnn/checkpoint", "digits_cnn/model_version", "wine/model_version"} <= keys
     assert "digits_cnn/shards" not in keys
     assert {s.name for s in defs.schedules} == {
-        "digits_retrain_schedule", "wine_retrain_schedule", "digits_cnn_retrain_schedule"}
+        "digits_retrain_schedule", "wine_retrain_schedule", "digits_cnn_retrain_schedule", "store_housekeeping_daily"}

@@ -116,3 +116,35 @@ def test_yaml_declaration_with_an_unknown_model_names_pipeline_and_field():
     component = ModelPipelineComponent(name="yaml_cnn", dataset="digits", model_name="resnet9000")
     with pytest.raises(PipelineDefinitionError, match=r"pipeline 'yaml_cnn', field 'model'"):
         component.to_spec()
+
+
+@pytest.mark.parametrize(
+    "kw, field, says",
+    [
+        ({"dataset": "digits", "dataset_version": "digits-d1"}, "dataset_version", "give dataset_location too"),
+        ({"dataset": "digits", "dataset_location": "vision", "dataset_version": "wine-d1"}, "dataset_version",
+         "is not a version of 'digits'"),
+        ({"dataset": "digits", "dataset_location": "has space"}, "dataset_location", "not a code location name"),
+        ({"location": "9lives"}, "location", "not a code location name"),
+    ],
+)
+def test_another_locations_dataset_is_declared_with_its_location_and_version(kw, field, says):
+    shared = dict(source=None, feature_columns=(), label_column="", class_names=()) if "dataset" in kw else {}
+    with pytest.raises(PipelineDefinitionError, match=rf"field '{field}'.*{says}"):
+        _spec(**shared, **kw)
+
+
+def test_dataset_location_without_a_dataset_is_refused():
+    with pytest.raises(PipelineDefinitionError, match="field 'dataset_location': applies only to a pipeline that "
+                                                      "trains on another pipeline's dataset"):
+        _spec(dataset_location="vision")
+
+
+def test_an_unknown_dataset_says_how_to_read_another_locations():
+    from core.spec import model_pipeline, resolve_shared
+
+    wide = model_pipeline("wide", dataset="digits")
+    with pytest.raises(PipelineDefinitionError, match="add dataset_location='<that location>'"):
+        resolve_shared([wide])
+    published = model_pipeline("wide", dataset="digits", dataset_location="platform", dataset_version="digits-d3")
+    assert resolve_shared([published]) == [published] and published.published_elsewhere

@@ -21,7 +21,7 @@ from tests.ui.webserver import REPO, running_webserver
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = REPO / "test-artifacts" / "ui"
-LOCATION = "pipelines.definitions:defs"  # workspace.yaml: module pipelines.definitions, attribute defs
+LOCATION = "platform"  # workspace.yaml: location_name platform
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -71,6 +71,17 @@ def test_asset_graph_shows_the_four_stages(page, ui_url):
     # Each stage's node shows it was materialized by the demo runs.
     expect(page.get_by_text("Materialized", exact=True).nth(3)).to_be_visible()
     page.screenshot(path=ARTIFACTS / "asset_graph.png", full_page=True)
+
+
+def test_a_team_location_shows_the_platform_dataset_it_trains_on(page, ui_url):
+    """teams/vision reads digits as the platform publishes it: its checkpoint's upstream lineage
+    reaches digits/shards, an asset of the platform's location."""
+    page.goto(f"{ui_url}/assets/digits_wide/checkpoint?view=lineage&lineageScope=upstream")
+    expect(page.get_by_text("digits_wide", exact=False).first).to_be_visible()
+    expect(page.get_by_text("shards", exact=True).first).to_be_visible()
+    page.screenshot(path=ARTIFACTS / "team_location_lineage.png", full_page=True)
+    page.goto(f"{ui_url}/assets/digits/shards")
+    expect(page.get_by_text("platform", exact=False).first).to_be_visible()  # owned by the platform's location
 
 
 def test_model_version_page_shows_metrics_and_lineage(page, ui_url, demo):

@@ -1,0 +1,113 @@
+"""The defs.yaml a new block starts from, one per kind: every field, commented.
+
+Lines marked REQUIRED hold an empty value that does not load: left as written, loading the block
+fails at that line. Optional fields are commented out with their defaults; the defaults of recipe,
+gate, triggers and split are read from core.spec, so the templates cannot drift from them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, fields
+from string import Template
+
+from core.spec import QualityGate, Recipe, Split, Triggers
+
+_HEADER = """\
+# $what "$name", scaffolded from the $kind template (pipelines/components/templates.py).
+# Fill in the lines marked REQUIRED; every other field is optional and shown commented out with
+# its default. Mistakes are reported as <this file>:<line>: field '<field>': <problem>.
+"""
+
+_DATASET = _HEADER + """\
+type: pipelines.components.DatasetBlock
+attributes:
+  name: $name
+  # description: One line for the UI.
+  # Where the rows come from: CSV/Parquet paths or globs under the store's sources/ area (the
+  # new-data sensor watches them), or instead a loader, 'package.module:function' returning a DataFrame.
+  source: []  # REQUIRED (or loader), e.g. [my_dataset/*.csv]
+  # loader: my_package.my_module:load_frame
+  features: []  # REQUIRED: the feature columns, in the order models read them, e.g. [x1, x2]
+  label:  # REQUIRED: the label column
+  classes: []  # REQUIRED: at least two class names, e.g. [cat, dog] or [0, 1]
+  # id_column: null  # a unique id per row; the train/validation/test split is keyed on it
+  # feature_shape: null  # shape of one sample's features, e.g. [8, 8]; default: [number of features]
+  # expectations: my_package.my_module:suite  # a QualitySuite; default: QualitySuite.standard()
+  # split:  # how samples are split and cut into shard files
+$split
+  # triggers:  # when this dataset's job (ingest, shard, train the blocks naming it) runs
+$triggers
+  # team: ml  # for the queue's per-team limit
+"""
+
+_TRAINING = _HEADER + """\
+type: pipelines.components.TrainingBlock
+attributes:
+  name: $name
+  # description: One line for the UI.
+  dataset:  # REQUIRED: a dataset block (or pipeline) of this code location, or with dataset_location another's
+  # dataset_location: null  # the code location that publishes the dataset, when it is another team's
+  # dataset_version: null  # with dataset_location: pin '<dataset>-d<N>'; default: the newest published
+  model_name:  # REQUIRED: mlp, cnn, transformer, or 'package.module:factory'
+  # model_kwargs: {}  # model constructor arguments, e.g. {hidden_sizes: [128, 64]}
+  # recipe:  # how to train. Placement: gpus_per_node, nnodes and gpu_resource_name are all the
+  #          # spec says about where training runs (no node selectors or tolerations yet).
+$recipe
+  # gate:  # a model version reaches main only when it meets these
+$gate
+  # triggers:  # when it retrains on its own (the dataset's job trains it too)
+$triggers
+  # team: ml  # for the queue's per-team limit
+"""
+
+_PIPELINE = _HEADER + """\
+type: pipelines.components.ModelPipelineComponent
+attributes:
+  name: $name
+  # description: One line for the UI.
+  # Its own data (source or loader, features, label, classes), or another pipeline's (dataset).
+  source: []  # REQUIRED (or loader, or dataset), e.g. [my_dataset/*.csv]
+  # loader: my_package.my_module:load_frame  # a function returning a DataFrame
+  # dataset: null  # train on this pipeline's shards instead (then leave out source, features, label, classes)
+  features: []  # REQUIRED unless dataset: the feature columns, e.g. [x1, x2]
+  label:  # REQUIRED unless dataset: the label column
+  classes: []  # REQUIRED unless dataset: at least two class names, e.g. [cat, dog]
+  # id_column: null  # a unique id per row; the split is keyed on it
+  # expectations: my_package.my_module:suite  # a QualitySuite; default: QualitySuite.standard()
+  # model_name: mlp  # mlp, cnn, transformer, or 'package.module:factory'
+  # model_kwargs: {}  # model constructor arguments
+  # recipe:  # how to train (placement: gpus_per_node, nnodes, gpu_resource_name only)
+$recipe
+  # gate:
+$gate
+  # split:
+$split
+  # triggers:
+$triggers
+  # team: ml  # for the queue's per-team limit
+"""
+
+# kind -> (component type, what the header calls it, template)
+TEMPLATES = {
+    "dataset": ("pipelines.components.DatasetBlock", "Dataset block", _DATASET),
+    "training": ("pipelines.components.TrainingBlock", "Training block", _TRAINING),
+    "pipeline": ("pipelines.components.ModelPipelineComponent", "Whole pipeline", _PIPELINE),
+}
+
+
+def _defaults(cls: type) -> str:
+    """``cls``'s fields as commented-out YAML lines under a section key, with their defaults."""
+    lines = []
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        lines.append(f"  #   {f.name}: {json.dumps(default)}")  # JSON scalars are YAML scalars
+    return "\n".join(lines)
+
+
+def render(kind: str, name: str) -> str:
+    """The defs.yaml text of a new ``kind`` block named ``name``."""
+    _, what, template = TEMPLATES[kind]
+    return Template(template).substitute(
+        name=name, kind=kind, what=what, recipe=_defaults(Recipe), gate=_defaults(QualityGate),
+        triggers=_defaults(Triggers), split=_defaults(Split))
