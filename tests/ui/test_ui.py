@@ -91,7 +91,12 @@ def test_model_version_page_shows_metrics_and_lineage(page, ui_url, demo):
         expect(page.get_by_text(key, exact=True).first).to_be_visible()
     expect(page.get_by_text(str(record["evaluation"]["test"]["accuracy"]), exact=True).first).to_be_visible()
     expect(page.get_by_text("digits-v2", exact=True).first).to_be_visible()
-    # The lineage Markdown renders as a table of the commits this version came from.
+    # The lineage Markdown renders as a table of the commits this version came from; a table this
+    # long sits behind the UI's "[Show Markdown]" button.
+    lineage_row = page.locator("tr", has=page.get_by_text("lineage", exact=True)).first
+    show = lineage_row.get_by_text("[Show Markdown]")
+    if show.count():
+        show.click()
     for field, value in (("shards commit", record["data"]["shards_commit"]),
                          ("raw data commit", record["data"]["raw_commit"]),
                          ("dagster run", record["dagster"]["run_id"])):
