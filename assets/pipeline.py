@@ -14,7 +14,9 @@ from pathlib import Path
 import dagster as dg
 
 from assets import ingest, quality
+from assets.kinds import data_kind
 from assets.sharding import build_shards_from_chunks, sample_bytes
+from assets.typed_data import build_typed_data_assets
 from assets.source import SourceError, file_sha256, iter_frame_chunks, iter_source_chunks, resolve_source_files
 from core.datasets import plan_dataset_version, tag_published_dataset, validation_report_path
 from core.spec import PipelineSpec
@@ -52,6 +54,10 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
 def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     keys = asset_keys(spec.name)
     name = spec.name
+    kind = data_kind(spec)
+    if kind is not None:  # an image folder or a text corpus
+        return build_typed_data_assets(spec, kind, keys, source_commit_tag=SOURCE_COMMIT_TAG, checked=(
+            _commit_checked, _gate, _replace_prefix, _publish_dataset, _check_dataset_owner, _link))
 
     @dg.asset(key=keys["raw_dataset"], group_name=name, kinds={"parquet"}, retry_policy=TRANSIENT_RETRY,
               check_specs=[dg.AssetCheckSpec(RAW_CHECK, asset=keys["raw_dataset"], blocking=True,
@@ -284,8 +290,10 @@ def _link(store, ref: str) -> dg.MetadataValue | str:
 
 
 def _replace_prefix(store, branch: str, prefix: str, local_dir: Path, manifest: dict) -> None:
-    """Make ``prefix`` on the branch hold exactly the new shards (old shard files removed)."""
+    """Make ``prefix`` on the branch hold exactly the new shards and the files the manifest lists
+    besides them (e.g. a trained tokenizer); old shard files are removed."""
     new_paths = {prefix + e["path"] for split in manifest["splits"].values() for e in split["shards"]}
+    new_paths |= {prefix + rel for rel in manifest.get("files", [])}
     for obj in store.list_objects(branch, prefix=prefix):
         if obj.path not in new_paths and obj.path != prefix + "manifest.json":
             store.delete_object(branch, obj.path)

@@ -45,6 +45,72 @@ class Source:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageFolder:
+    """Images under ``root`` (relative to the sources root, or the store's ``sources/`` area): one
+    sub-folder per class (``root/<class>/<file>``), or listed by a CSV/Parquet ``manifest`` (in
+    ``root``) of relative image paths with labels. JPEG, PNG and WebP; grayscale, RGB or RGBA."""
+
+    root: str
+    manifest: str | None = None
+    path_column: str = "path"  # manifest column of image paths, relative to root
+    label_column: str = "label"  # manifest column of labels
+    extensions: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".webp")
+    min_side: int = 8  # smallest accepted width or height, in pixels
+    max_side: int = 8192  # largest accepted width or height (Pillow's bomb limit applies too)
+    modes: tuple[str, ...] = ("L", "RGB", "RGBA")  # accepted Pillow modes
+    files_per_chunk: int = 512  # images ingested (and checked) at a time: memory stays bounded
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Patterns of the files it reads, for the new-data sensor's source area."""
+        return (f"{self.root.rstrip('/')}/**",)
+
+    def describe(self) -> str:
+        return f"image folder {self.root}" + (f" (manifest {self.manifest})" if self.manifest else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextCorpus:
+    """Text files under the sources root: JSONL with a text field (and optionally a label), or plain
+    ``.txt`` files (one document each), for classification or language modelling."""
+
+    paths: tuple[str, ...]  # files or globs; .jsonl and .txt
+    text_field: str = "text"  # JSONL field holding the text
+    label_field: str | None = None  # JSONL field holding the label (classification)
+    min_chars: int = 1  # shortest accepted document
+    max_chars: int = 10_000_000  # longest accepted document
+    docs_per_chunk: int = 2048  # documents ingested (and checked) at a time
+
+    def describe(self) -> str:
+        return "text corpus " + ", ".join(self.paths)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImagePreprocessing:
+    """How the shards asset turns images into samples; part of the data version (hashed)."""
+
+    size: tuple[int, int] = (64, 64)  # (height, width) of every sample
+    fit: str = "center_crop"  # "center_crop" (scale the short side, crop the middle) or "resize" (stretch)
+    channels: str = "RGB"  # "RGB" or "L": what every image is converted to
+    encoded: bool = False  # keep re-encoded JPEG bytes (decoded by the loader) instead of raw pixels
+    jpeg_quality: int = 90  # with encoded=True
+    function: str | None = None  # "pkg.module:fn" (PIL.Image -> uint8 HxWxC array) instead of the built-in
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextPreprocessing:
+    """How the shards asset turns text into token samples; part of the data version (hashed)."""
+
+    tokenizer: str = "byte"  # "byte" (256 ids, no training) or "bpe" (trained on the training split)
+    vocab_size: int = 4096  # with tokenizer="bpe"
+    seq_len: int = 128  # tokens per sample (language modelling: windows of seq_len + 1 for the shifted target)
+    function: str | None = None  # "pkg.module:fn" (str -> str) applied to every document before tokenizing
+
+
+TASKS = ("classification", "regression", "multilabel", "language_modeling")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Recipe:
     """How to train: handed to training_runtime as its config."""
 
@@ -142,8 +208,10 @@ class Triggers:
 @dataclass(frozen=True, kw_only=True)
 class PipelineSpec:
     name: str
-    source: Source | None = None
+    source: Source | ImageFolder | TextCorpus | None = None
     dataset: str | None = None  # another pipeline's name: train on its shards instead of a source
+    preprocessing: ImagePreprocessing | TextPreprocessing | None = None  # images and text (tables: normalisation)
+    task: str = "classification"  # what the targets are (classification, regression, multilabel, language_modeling)
     # The code location that publishes ``dataset`` when it is not this one's (another team's):
     # training then reads its shards as published on main, never the owner's unpublished runs.
     dataset_location: str | None = None
@@ -175,6 +243,15 @@ class PipelineSpec:
             if not self.owner_fields_filled:
                 self._check_shared(n)
             return
+        if isinstance(self.source, (ImageFolder, TextCorpus)):
+            self._check_typed_source(n)
+            return
+        if self.preprocessing is not None:
+            _fail(n, "preprocessing", "applies to image folders and text corpora; table features are normalised "
+                  "with the training split's mean and standard deviation")
+        if self.task != "classification":
+            _fail(n, "task", f"{self.task!r} on tables is not built yet: table pipelines train classifiers; "
+                  "regression and multi-label targets are planned")
         if self.source is None or (not self.source.paths and self.source.loader is None):
             _fail(n, "source", "give file paths/globs (CSV or Parquet), a loader function, or dataset=<pipeline>")
         if self.expectations.raw is None or self.expectations.shards is None:
@@ -207,6 +284,73 @@ class PipelineSpec:
             if size != len(self.feature_columns):
                 _fail(n, "feature_shape", f"{self.feature_shape} holds {size} values but there are "
                       f"{len(self.feature_columns)} feature columns")
+
+    def _check_typed_source(self, n: str) -> None:
+        """Image folders and text corpora: their own fields instead of feature and label columns."""
+        src = self.source
+        image = isinstance(src, ImageFolder)
+        wanted = ImagePreprocessing if image else TextPreprocessing
+        if self.preprocessing is not None and not isinstance(self.preprocessing, wanted):
+            _fail(n, "preprocessing", f"a {type(src).__name__} source takes {wanted.__name__}, got "
+                  f"{type(self.preprocessing).__name__}")
+        taken = [f for f in ("feature_columns", "label_column", "feature_shape") if getattr(self, f)]
+        if taken:
+            _fail(n, taken[0], f"does not apply to a {type(src).__name__} source (its samples come from "
+                  "preprocessing); leave it out")
+        if self.task not in TASKS:
+            _fail(n, "task", f"{self.task!r} is not a task; choose one of {list(TASKS)}")
+        if self.model is not None:
+            _fail(n, "model", "the built-in trainer reads table shards only so far; declare image and text data "
+                  "with dataset_pipeline(...) (its shards are versioned and published for your own training)")
+        prep = self.preprocessing or wanted()
+        if prep.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", prep.function):
+            _fail(n, "preprocessing.function", f"{prep.function!r} must look like 'package.module:function'")
+        if image:
+            self._check_images(n, src, prep)
+        else:
+            self._check_text(n, src, prep)
+
+    def _check_images(self, n: str, src: "ImageFolder", prep: "ImagePreprocessing") -> None:
+        if self.task != "classification":
+            _fail(n, "task", f"{self.task!r} on images is not built yet; image folders are classified")
+        if not src.root or src.root.startswith("/") or ".." in src.root.split("/"):
+            _fail(n, "source.root", f"{src.root!r} must be a folder under the sources root (relative, no '..')")
+        if len(self.class_names) < 2 or len(set(self.class_names)) != len(self.class_names):
+            _fail(n, "class_names", "give at least two distinct class names (the class folders' names, or the "
+                  "manifest's labels)")
+        if len(prep.size) != 2 or min(prep.size) < 1:
+            _fail(n, "preprocessing.size", f"{prep.size} must be (height, width), both at least 1")
+        if prep.fit not in ("center_crop", "resize"):
+            _fail(n, "preprocessing.fit", f"{prep.fit!r}: use 'center_crop' or 'resize'")
+        if prep.channels not in ("RGB", "L"):
+            _fail(n, "preprocessing.channels", f"{prep.channels!r}: use 'RGB' or 'L'")
+        if not 1 <= prep.jpeg_quality <= 100:
+            _fail(n, "preprocessing.jpeg_quality", "must lie between 1 and 100")
+        if not 1 <= src.min_side <= src.max_side:
+            _fail(n, "source.min_side", f"need 1 <= min_side ({src.min_side}) <= max_side ({src.max_side})")
+
+    def _check_text(self, n: str, src: "TextCorpus", prep: "TextPreprocessing") -> None:
+        if not src.paths:
+            _fail(n, "source.paths", "give .jsonl or .txt files or globs under the sources root")
+        if self.task == "language_modeling":
+            if self.class_names or src.label_field:
+                _fail(n, "class_names" if self.class_names else "source.label_field",
+                      "a language-modelling corpus has no labels; leave it out")
+        elif self.task == "classification":
+            if not src.label_field:
+                _fail(n, "source.label_field", "text classification reads labels from a JSONL field; name it")
+            if len(self.class_names) < 2 or len(set(self.class_names)) != len(self.class_names):
+                _fail(n, "class_names", "give at least two distinct class names")
+        else:
+            _fail(n, "task", f"{self.task!r} on text is not built yet; use 'language_modeling' or 'classification'")
+        if prep.tokenizer not in ("byte", "bpe"):
+            _fail(n, "preprocessing.tokenizer", f"{prep.tokenizer!r}: use 'byte' or 'bpe'")
+        if prep.seq_len < 2:
+            _fail(n, "preprocessing.seq_len", "must be at least 2")
+        if prep.tokenizer == "bpe" and prep.vocab_size < 300:
+            _fail(n, "preprocessing.vocab_size", "a BPE vocabulary needs at least 300 tokens (256 bytes and merges)")
+        if not 0 < src.min_chars <= src.max_chars:
+            _fail(n, "source.min_chars", f"need 0 < min_chars ({src.min_chars}) <= max_chars ({src.max_chars})")
 
     def _check_shared(self, n: str) -> None:
         if not isinstance(self.dataset, str) or not _NAME.fullmatch(self.dataset) or self.dataset == n:
@@ -290,6 +434,9 @@ class PipelineSpec:
         if owner.dataset is not None:
             _fail(self.name, "dataset", f"{owner.name!r} itself trains on shared data; name the owner "
                   f"{owner.dataset!r} instead")
+        if isinstance(owner.source, (ImageFolder, TextCorpus)):
+            _fail(self.name, "dataset", f"{owner.name!r} holds {type(owner.source).__name__} shards, which the "
+                  "built-in trainer does not read yet (it reads table shards)")
         return replace(self, feature_columns=owner.feature_columns, label_column=owner.label_column,
                        class_names=owner.class_names, id_column=owner.id_column, feature_shape=owner.feature_shape,
                        split=owner.split, owner_fields_filled=True)
@@ -330,6 +477,7 @@ def model_pipeline(
     gate: QualityGate | Mapping[str, Any] | None = None, triggers: Triggers | Mapping[str, Any] | None = None,
     feature_shape: Sequence[int] | None = None, split: Split | Mapping[str, Any] | None = None,
     team: str = "ml", description: str = "",
+    preprocessing: ImagePreprocessing | TextPreprocessing | None = None, task: str = "classification",
 ) -> PipelineSpec:
     """Declare a model pipeline: raw_dataset -> shards -> checkpoint -> model_version.
 
@@ -346,9 +494,9 @@ def model_pipeline(
     """
     if isinstance(source, str):
         source = Source(paths=(source,))
-    elif callable(source) and not isinstance(source, Source):
+    elif callable(source) and not isinstance(source, (Source, ImageFolder, TextCorpus)):
         source = Source(loader=source)
-    elif source is not None and not isinstance(source, Source):
+    elif source is not None and not isinstance(source, (Source, ImageFolder, TextCorpus)):
         source = Source(paths=tuple(source))
     return PipelineSpec(
         name=name, source=source, dataset=dataset, dataset_location=dataset_location, dataset_version=dataset_version,
@@ -359,6 +507,7 @@ def model_pipeline(
         recipe=_coerce(name, "recipe", Recipe, recipe), gate=_coerce(name, "gate", QualityGate, gate),
         triggers=_coerce(name, "triggers", Triggers, triggers), split=_coerce(name, "split", Split, split),
         feature_shape=tuple(feature_shape) if feature_shape else None, team=team, description=description,
+        preprocessing=preprocessing, task=task,
     )
 
 
@@ -387,15 +536,20 @@ def _check_model_name(pipeline: str, model: str) -> None:
 
 
 def dataset_pipeline(
-    name: str, *, source: str | Sequence[str] | Callable[[], pd.DataFrame] | Source, features: Sequence[str],
-    label: str, classes: Sequence[Any], id_column: str | None = None, expectations: QualitySuite | None = None,
-    triggers: Triggers | Mapping[str, Any] | None = None, feature_shape: Sequence[int] | None = None,
-    split: Split | Mapping[str, Any] | None = None, team: str = "ml", description: str = "",
+    name: str, *, source: str | Sequence[str] | Callable[[], pd.DataFrame] | Source | ImageFolder | TextCorpus,
+    features: Sequence[str] = (), label: str = "", classes: Sequence[Any] = (), id_column: str | None = None,
+    expectations: QualitySuite | None = None, triggers: Triggers | Mapping[str, Any] | None = None,
+    feature_shape: Sequence[int] | None = None, split: Split | Mapping[str, Any] | None = None, team: str = "ml",
+    description: str = "", preprocessing: ImagePreprocessing | TextPreprocessing | None = None,
+    task: str = "classification",
 ) -> PipelineSpec:
     """Declare a dataset alone: raw_dataset -> shards, for pipelines that name it as their ``dataset``
     (in this code location, or in others with ``dataset_location``). Its job ingests, shards and
     retrains every pipeline of this location that trains on it; its schedule and new-data sensor
-    start that job. Fields as in ``model_pipeline``."""
+    start that job. Fields as in ``model_pipeline``; an ``ImageFolder`` or ``TextCorpus`` source
+    takes ``preprocessing`` (``ImagePreprocessing`` / ``TextPreprocessing``) and ``task`` instead
+    of feature and label columns."""
     return model_pipeline(name, source=source, features=features, label=label, classes=classes,
                           id_column=id_column, expectations=expectations, model=None, triggers=triggers,
-                          feature_shape=feature_shape, split=split, team=team, description=description)
+                          feature_shape=feature_shape, split=split, team=team, description=description,
+                          preprocessing=preprocessing, task=task)

@@ -33,6 +33,8 @@ import dagster as dg
 
 from core.expectations import standard_raw_expectations, standard_shard_expectations
 from core.spec import (
+    ImageFolder,
+    ImagePreprocessing,
     PipelineDefinitionError,
     PipelineSpec,
     QualityGate,
@@ -40,6 +42,8 @@ from core.spec import (
     Recipe,
     Source,
     Split,
+    TextCorpus,
+    TextPreprocessing,
     Triggers,
     dataset_pipeline,
     model_pipeline,
@@ -47,8 +51,8 @@ from core.spec import (
 from pipelines.assembly import location_definitions
 from pipelines.profiles import Profile
 
-__all__ = ["PipelineDefinitionError", "PipelineSpec", "QualityGate", "QualitySuite", "Recipe", "Source", "Split",
-           "Triggers", "dataset_pipeline", "model_pipeline", "standard_raw_expectations", "standard_shard_expectations",
+__all__ = ["ImageFolder", "ImagePreprocessing", "PipelineDefinitionError", "PipelineSpec", "QualityGate",
+           "QualitySuite", "Recipe", "Source", "Split", "TextCorpus", "TextPreprocessing", "Triggers", "dataset_pipeline", "model_pipeline", "standard_raw_expectations", "standard_shard_expectations",
            "team_definitions"]
 
 

@@ -1,4 +1,5 @@
-"""``demo``: run the digits job once and print the lineage of every version it registered."""
+"""``demo``: run the digits job once and print the lineage of every version it registered; then
+version the two datasets that are not tables (an image folder and a text corpus) and list them."""
 
 from __future__ import annotations
 
@@ -6,33 +7,51 @@ import argparse
 import sys
 
 from pipelines.cli.inspection import print_lineage
+from pipelines.cli.render import format_dataset_versions
 from pipelines.profiles import Profile
 
 
 def demo_command(args: argparse.Namespace) -> int:
     import dagster as dg
 
+    from core.datasets import list_dataset_versions
     from pipelines.definitions import build_definitions, training_job_name
     from pipelines.models import PIPELINES
     from pipelines.models.digits import digits_pipeline, write_digits_source
+    from pipelines.models.pydoc_corpus import pydoc_corpus, write_pydoc_source
+    from pipelines.models.shapes import shapes_dataset, write_shapes_source
 
     profile = Profile.from_environment()
-    write_digits_source(profile.data_root / "sources")
+    sources = profile.data_root / "sources"
+    write_digits_source(sources)
+    write_shapes_source(sources)
+    write_pydoc_source(sources)
     defs = build_definitions(profile, PIPELINES)
-    job = defs.resolve_job_def(training_job_name(digits_pipeline))
     with dg.DagsterInstance.get() as instance:
-        result = job.execute_in_process(instance=instance, raise_on_error=False)
-    if not result.success:
-        for event in result.all_events:
-            if event.is_failure:
-                print(f"FAILED {event.step_key}: {event.event_specific_data.error.message.strip()}", file=sys.stderr)
-        return 1
-    print(f"Run {result.run_id} succeeded.\n")
-    # The digits job also trains the models that share its shards (e.g. the YAML-declared CNN).
-    models = sorted({e.asset_key.path[0] for e in result.get_asset_materialization_events()
-                     if e.asset_key.path[-1] == "model_version"}, key=lambda m: (m != digits_pipeline.name, m))
-    for i, model in enumerate(models):
-        if i:
+        result = _run(defs, training_job_name(digits_pipeline), instance)
+        if result is None:
+            return 1
+        print(f"Run {result.run_id} succeeded.\n")
+        # The digits job also trains the models that share its shards (e.g. the YAML-declared CNN).
+        models = sorted({e.asset_key.path[0] for e in result.get_asset_materialization_events()
+                         if e.asset_key.path[-1] == "model_version"}, key=lambda m: (m != digits_pipeline.name, m))
+        for model in models:
+            print_lineage(profile, model, None, as_json=False)
             print()
-        print_lineage(profile, model, None, as_json=False)
+        for dataset in (shapes_dataset, pydoc_corpus):
+            if _run(defs, training_job_name(dataset), instance) is None:
+                return 1
+            print(format_dataset_versions(dataset.name, list_dataset_versions(profile.store(), dataset.name)))
+            print()
     return 0
+
+
+def _run(defs, job_name: str, instance):
+    """Run a job in process; on failure print each failed step and return None."""
+    result = defs.resolve_job_def(job_name).execute_in_process(instance=instance, raise_on_error=False)
+    if result.success:
+        return result
+    for event in result.all_events:
+        if event.is_failure:
+            print(f"FAILED {event.step_key}: {event.event_specific_data.error.message.strip()}", file=sys.stderr)
+    return None

@@ -176,3 +176,37 @@ def test_reproduce_retrains_from_the_lineage_record_and_reports_differences(demo
     # The record was made from this repository; a dirty checkout or another commit is called out.
     if record["code"].get("dirty"):
         assert "uncommitted changes" in result.stderr
+
+
+def test_datasets_lists_each_version_with_its_counts_checks_and_models(demo):
+    out = ok(demo.cli("datasets", "digits"))
+    v1, v2 = read_lineage(demo.store(), "digits", 1), read_lineage(demo.store(), "digits", 2)
+    assert (v1["data"]["dataset_version"], v2["data"]["dataset_version"]) == ("digits-d1", "digits-d2")
+    first, second = row(out, "digits-d1"), row(out, "digits-d2")
+    assert first[2] == v1["data"]["shards_commit"][:12] and second[2] == v2["data"]["shards_commit"][:12]
+    counts = [sum(int(n) for n in r[3:8:2]) for r in (first, second)]
+    assert counts[0] - counts[1] == DROPPED_ROWS  # v2 was trained without the first rows
+    assert "raw_dataset passed" in out and "shards passed" in out
+    assert out.rstrip().endswith("digits v2") and "digits v1" in out.splitlines()[2]
+    assert json.loads(ok(demo.cli("datasets", "digits", "--json")))[1]["models"] == ["digits v2"]
+    assert ok(demo.cli("datasets")).split() == ["digits"]
+
+
+def test_housekeeping_is_a_dry_run_unless_asked(demo):
+    before = sorted(demo.store().list_branches())
+    out = ok(demo.cli("housekeeping", "--older-than-days", "0.000001"))
+    assert "Dry run: nothing was deleted" in out
+    assert sorted(demo.store().list_branches()) == before
+    # Both demo runs registered their versions, merging their run branches into main: merged
+    # branches go (their commits stay reachable from main, where the lineage points).
+    deleting = [line for line in out.splitlines() if line.startswith("delete")]
+    assert {b for b in before if b.startswith("run-")} <= {line.split()[2] for line in deleting}
+    assert "to delete" in out.splitlines()[-2]
+
+
+def test_workspace_and_scaffold(demo, tmp_path):
+    out = ok(demo.cli("workspace"))
+    assert "vision: digits_wide (reads digits from platform)" in out
+    assert ok(demo.cli("scaffold", "training", "digits_small", "--defs-dir", str(tmp_path))).startswith("Wrote ")
+    assert "model_name:  # REQUIRED" in (tmp_path / "digits_small" / "defs.yaml").read_text()
+    assert one_line_error(demo.cli("scaffold", "training", "digits_small", "--defs-dir", str(tmp_path)), 2)

@@ -1,25 +1,23 @@
-"""Dataset versions: ``<dataset>-d<N>`` tags on published shards commits, their listing and resolution."""
+"""Dataset versions: ``<dataset>-d<N>`` tags on published shards commits, their listing and resolution.
+
+Real pipelines publishing versions: tests/teams (a model's registration, d1 then d2 on changed
+data; a dataset pipeline run twice on the same data keeping d1) and tests/cli (``datasets``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import pandas as pd
 import pytest
 
 from core.datasets import (DataCheck, UnknownDatasetVersionError, dataset_tag, dataset_tags, list_dataset_versions,
                            parse_dataset_tag, plan_dataset_version, published_datasets, resolve_dataset_version,
                            tag_published_dataset)
-from core.registry import read_lineage
 from core.versions import register_version
-from pipelines.models.digits import digits_pipeline, write_digits_source
 from resources.store.base import MAIN, StoreError
 from resources.store.local import LocalVersionedStore
-from tests.pipeline.conftest import failure_messages, platform  # noqa: F401 (platform is a fixture)
 
 SPLITS = ("train", "validation", "test")
 
@@ -282,39 +280,3 @@ def test_a_store_without_a_repository_has_no_dataset_versions(tmp_path):
         resolve_dataset_version(s, "digits", None)
     with pytest.raises(UnknownDatasetVersionError, match="holds no published datasets yet"):
         list_dataset_versions(s, "digits")
-
-
-# --- a real pipeline -------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_a_pipeline_publishes_a_dataset_version_and_only_new_data_makes_another(platform):  # noqa: F811
-    source = write_digits_source(platform.sources)
-    spec = dataclasses.replace(
-        digits_pipeline, recipe=dataclasses.replace(digits_pipeline.recipe, epochs=1, world_size=1),
-        gate=dataclasses.replace(digits_pipeline.gate, min_test_accuracy=0.0))  # the gate is not under test
-    store = platform.store()
-
-    runs = [platform.run(spec), platform.run(spec)]  # the second one ingests the unchanged source again
-
-    for run in runs:
-        assert run.success, failure_messages(run)
-        (published,) = [e.materialization for e in run.get_asset_materialization_events()
-                        if e.asset_key.path[-1] == "model_version"]
-        assert published.metadata["dataset_version"].value == "digits-d1"
-    first, second = (read_lineage(store, "digits", v)["data"] for v in (1, 2))
-    assert first["dataset_version"] == second["dataset_version"] == "digits-d1"
-    assert first["shards_commit"] != second["shards_commit"]  # a new commit holding the same shards
-    assert dataset_tags(store, "digits") == {1: first["shards_commit"]}
-
-    frame = pd.read_csv(source)
-    frame.iloc[:-100].to_csv(source, index=False)  # new data: 100 images fewer
-    third_run = platform.run(spec)
-
-    assert third_run.success, failure_messages(third_run)
-    third = read_lineage(store, "digits", 3)["data"]
-    assert third["dataset_version"] == "digits-d2"
-    assert resolve_dataset_version(store, "digits", None) == ("digits-d2", third["shards_commit"])
-    d1, d2 = list_dataset_versions(store, "digits")
-    assert (d1.tag, d1.models, sum(d1.num_samples.values())) == ("digits-d1", ("digits v1", "digits v2"), len(frame))
-    assert (d2.tag, d2.models, sum(d2.num_samples.values())) == ("digits-d2", ("digits v3",), len(frame) - 100)
-    assert all(check.passed and check.expectations > 0 for v in (d1, d2) for check in v.checks.values())
-    assert set(d2.checks) == {"raw_dataset", "shards"}

@@ -1,0 +1,200 @@
+"""Which images an image folder holds and the label of each: from class sub-folders, or from a
+manifest. Only paths and names are read here; the images themselves are checked on the pool."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pandas as pd
+
+from assets.quality.tables import label_text
+from core.spec import ImageFolder, PipelineSpec
+
+MAX_MESSAGES = 200  # a systematic problem in a million files is reported by its first examples and a count
+
+
+class Problems:
+    """What is wrong with the source, one message per file and problem, the file named by its
+    path under the sources root (``<root>/<id>``)."""
+
+    def __init__(self, folder: str, limit: int = MAX_MESSAGES):
+        self.folder, self.limit = folder.rstrip("/"), limit
+        self._messages: list[str] = []
+        self.count = 0
+
+    def file(self, image_id: str, problem: str) -> None:
+        self.add(f"{self.folder}/{image_id}: {problem}")
+
+    def add(self, message: str) -> None:
+        self.count += 1
+        if len(self._messages) < self.limit:
+            self._messages.append(message)
+
+    def messages(self) -> list[str]:
+        more = self.count - len(self._messages)
+        return self._messages + ([f"... and {more} more problem(s) of the same kinds"] if more else [])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One image to ingest."""
+
+    id: str  # path relative to the image folder (POSIX): the sample's id
+    path: Path  # where to read it (a link inside the sources root is read through)
+    label: str | None
+    label_ok: bool  # the label is a declared class
+    source_key: str  # path relative to the sources root: its key in the sources description
+
+    @property
+    def extension(self) -> str:
+        return PurePosixPath(self.id).suffix.lower()
+
+
+def normalised_relative(path: str) -> str | None:
+    """``path`` as a clean relative POSIX path, or None when it is absolute or climbs out with '..'."""
+    p = PurePosixPath(path.replace("\\", "/"))
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        return None
+    return p.as_posix()
+
+
+def list_entries(spec: PipelineSpec, files: list[Path], root: Path, problems: Problems,
+                 sources: dict[str, dict]) -> list[Entry]:
+    """The images among ``files`` (all under ``root``) with their labels. Refused files are
+    reported to ``problems``; every file gets a description in ``sources``."""
+    src: ImageFolder = spec.source
+    folder = root / src.root
+    manifest_id = normalised_relative(src.manifest) if src.manifest else None
+    root_real = root.resolve()
+    extensions = {e.lower() for e in src.extensions}
+    candidates: dict[str, tuple[Path, str]] = {}
+    refused: set[str] = set()
+    manifest: Path | None = None
+    for f in files:
+        key = Path(os.path.relpath(f, root)).as_posix()
+        sources[key] = {"file": key, "bytes": f.lstat().st_size, **({"link": True} if f.is_symlink() else {})}
+        try:
+            image_id = f.relative_to(folder).as_posix()
+        except ValueError:
+            problems.add(f"{key}: lies outside the image folder {src.root}/")
+            continue
+        problem = _link_problem(f, root_real)
+        if problem is None and image_id != manifest_id and PurePosixPath(image_id).suffix.lower() not in extensions:
+            problem = f"has an extension not in the accepted extensions {sorted(extensions)}"
+        if problem is not None:
+            problems.file(image_id, problem)
+            refused.add(image_id)
+        elif image_id == manifest_id:
+            manifest = f
+        else:
+            candidates[image_id] = (f, key)
+    if src.manifest:
+        return _manifest_entries(spec, manifest, candidates, refused, problems)
+    return _class_folder_entries(spec, folder, candidates, refused, problems)
+
+
+def _link_problem(f: Path, root_real: Path) -> str | None:
+    """A file, or a link to one, inside the sources root; anything else is refused."""
+    target = f.resolve()
+    if not target.is_relative_to(root_real):
+        return f"is a link to {target}, outside the sources root; copy the file in instead"
+    if not target.exists():
+        return f"is a broken link (to {target})"
+    if target.is_dir():
+        return "is a link to a folder, not to an image file"
+    return None
+
+
+def _class_folder_entries(spec: PipelineSpec, folder: Path, candidates: dict[str, tuple[Path, str]],
+                          refused: set[str], problems: Problems) -> list[Entry]:
+    """``root/<class>/<file>``: the first folder under root names the class."""
+    classes = set(spec.class_names)
+    entries, undeclared = [], {}
+    for image_id, (path, key) in candidates.items():
+        parts = image_id.split("/")
+        if len(parts) == 1:
+            problems.file(image_id, "lies directly in the image folder; put it in its class's sub-folder "
+                                    "(<root>/<class>/<file>) or list it in a manifest")
+            continue
+        label = parts[0]
+        if label not in classes:
+            undeclared[label] = undeclared.get(label, 0) + 1
+        entries.append(Entry(image_id, path, label, label in classes, key))
+    for label, n in sorted(undeclared.items()):
+        problems.add(f"{problems.folder}/{label}/: class folder {label!r} ({n} image(s)) is not one of the declared "
+                     f"classes {list(spec.class_names)}")
+    with_files = {i.split("/")[0] for i in [*candidates, *refused] if "/" in i}
+    on_disk = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.is_symlink()) if folder.is_dir() else []
+    for name in on_disk:
+        if name not in with_files:
+            problems.add(f"{problems.folder}/{name}/: class folder is empty")
+    for label in spec.class_names:
+        if label not in with_files and label not in on_disk:
+            problems.add(f"{problems.folder}/{label}/: class {label!r} has no images (no such folder)")
+    return entries
+
+
+def _manifest_entries(spec: PipelineSpec, manifest: Path | None, candidates: dict[str, tuple[Path, str]],
+                      refused: set[str], problems: Problems) -> list[Entry]:
+    """Images and labels as the manifest lists them; every image in the folder must be listed."""
+    src: ImageFolder = spec.source
+    name = f"{problems.folder}/{src.manifest}"
+    if manifest is None:
+        problems.add(f"{name}: the manifest is not in the image folder")
+        return []
+    frame = _read_manifest(manifest, name, problems)
+    if frame is None:
+        return []
+    missing = [c for c in (src.path_column, src.label_column) if c not in frame.columns]
+    if missing:
+        problems.add(f"{name}: lacks column(s) {missing} (it has {list(frame.columns)})")
+        return []
+    classes = set(spec.class_names)
+    entries, seen = [], {}
+    for row, (raw_path, raw_label) in enumerate(zip(frame[src.path_column], frame[src.label_column]), start=1):
+        where = f"{name} row {row}"
+        image_id = normalised_relative(str(raw_path)) if not _blank(raw_path) else None
+        if image_id is None:
+            problems.add(f"{where}: path {raw_path!r} is empty, absolute or leaves the image folder ('..')")
+            continue
+        if image_id in seen:
+            problems.add(f"{where}: {image_id} is listed twice (first on row {seen[image_id]})")
+            continue
+        seen[image_id] = row
+        if image_id in refused:
+            continue  # already reported with its problem
+        if image_id not in candidates:
+            problems.add(f"{where}: {problems.folder}/{image_id} does not exist")
+            continue
+        label = None if _blank(raw_label) else label_text(raw_label)
+        if label is None:
+            problems.file(image_id, f"has no label (manifest row {row})")
+        elif label not in classes:
+            problems.file(image_id, f"has the label {label!r} (manifest row {row}), not one of the declared classes "
+                                    f"{list(spec.class_names)}")
+        path, key = candidates[image_id]
+        entries.append(Entry(image_id, path, label, label in classes, key))
+    for image_id in sorted(set(candidates) - set(seen)):
+        problems.file(image_id, f"is not listed in the manifest {src.manifest}")
+    return entries
+
+
+def _read_manifest(path: Path, name: str, problems: Problems) -> pd.DataFrame | None:
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".csv":
+            return pd.read_csv(path, dtype=str, keep_default_na=False)
+        if suffix in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        problems.add(f"{name}: cannot be read: {type(exc).__name__}: {exc}")
+        return None
+    problems.add(f"{name}: a manifest is a .csv or .parquet file")
+    return None
+
+
+def _blank(value) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip()) or (
+        not isinstance(value, str) and bool(pd.isna(value)))

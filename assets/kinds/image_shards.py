@@ -1,0 +1,177 @@
+"""The raw copy of an image folder preprocessed into shards (format v2) and their manifest.
+
+One pass over the raw copy, row group by row group: each image's split comes from a seeded hash
+of its id, its pixels from the worker pool, and it is appended to its split's open shard, which
+is written out when full. The raw copy is in id order (ingest writes it so), so every split's
+samples are in id order and the order the source listed them in changes nothing. Memory holds
+the tasks in flight and one open shard per split (``shard_mb`` each), not the dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from assets.kinds.image_decode import BACKGROUND, load_function, preprocessing_code_sha256, sample_shape
+from assets.kinds.image_pool import WorkerPool, preprocess_task, task_size
+from assets.sharding import SPLITS, assign_splits
+from core.spec import ImagePreprocessing, PipelineSpec
+from training_runtime.shard_format import FORMAT_V2, Column, ShardWriter
+
+SPLIT_BY = "id (the image's path relative to the image folder)"
+
+
+def preprocessing_of(spec: PipelineSpec) -> ImagePreprocessing:
+    return spec.preprocessing or ImagePreprocessing()
+
+
+def shard_columns(prep: ImagePreprocessing) -> list[Column]:
+    image = (Column("jpeg", "bytes", role="input") if prep.encoded
+             else Column("image", "ndarray", role="input", dtype="uint8", shape=sample_shape(prep)))
+    return [image, Column("label", "ndarray", role="target", dtype="int64"), Column("id", "str", role="id")]
+
+
+class _OpenShard:
+    """The samples of one split waiting for their shard file; written when full."""
+
+    def __init__(self, split: str, out_dir: Path, writer: ShardWriter, prep: ImagePreprocessing,
+                 max_samples: int | None, max_bytes: int | None):
+        self.split, self.out_dir, self.writer, self.prep = split, out_dir, writer, prep
+        self.max_samples, self.max_bytes = max_samples, max_bytes
+        self.entries: list[dict] = []
+        self.num_samples = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ids: list[str] = []
+        self.labels: list[int] = []
+        self.jpegs: list[bytes] = []
+        self.bytes = 0
+        self.pixels = np.empty((0, *sample_shape(self.prep)), np.uint8)
+
+    def add(self, image_id: str, label: int, sample) -> None:
+        if self.prep.encoded:
+            self.jpegs.append(sample)
+            self.bytes += len(sample) + 8
+        else:
+            self._grow()
+            self.pixels[len(self.ids)] = sample
+        self.ids.append(image_id)
+        self.labels.append(label)
+        full_count = self.max_samples is not None and len(self.ids) >= self.max_samples
+        if full_count or (self.max_bytes is not None and self.bytes >= self.max_bytes):
+            self.flush()
+
+    def _grow(self) -> None:
+        """Room for one more sample; doubling, so a shard sized for 64 MB costs 64 MB only when filled."""
+        n = len(self.ids)
+        if n == len(self.pixels):
+            grown = np.empty((min(self.max_samples, max(64, 2 * n)), *self.pixels.shape[1:]), np.uint8)
+            grown[:n] = self.pixels
+            self.pixels = grown
+
+    def flush(self) -> None:
+        n = len(self.ids)
+        if not n:
+            return
+        rel = f"{self.split}/{len(self.entries):05d}.bin"
+        image = self.jpegs if self.prep.encoded else self.pixels[:n]
+        name = "jpeg" if self.prep.encoded else "image"
+        self.entries.append(self.writer.write(self.out_dir / rel, rel, {
+            name: image, "label": np.asarray(self.labels, dtype=np.int64), "id": self.ids}))
+        self.num_samples += n
+        self._reset()
+
+
+def shard_capacity(spec: PipelineSpec, prep: ImagePreprocessing) -> tuple[int | None, int | None]:
+    """(samples, bytes) a shard takes at most. Pixels have a fixed size, so a count
+    (``split.shard_samples``); JPEGs vary, so their shards are cut at ``shard_mb`` unless
+    ``samples_per_shard`` fixes the count."""
+    if not prep.encoded:
+        h, w, c = sample_shape(prep)
+        return spec.split.shard_samples(h * w * c + 8), None
+    if spec.split.samples_per_shard is not None:
+        return spec.split.samples_per_shard, None
+    return None, int(spec.split.shard_mb * 2**20)
+
+
+def shard_images(spec: PipelineSpec, raw_file: Path, out_dir: Path, workers: int | None = None) -> dict:
+    prep = preprocessing_of(spec)
+    function = load_function(prep.function) if prep.function else None  # import errors: ValueError, here
+    code_sha256 = preprocessing_code_sha256(prep, function)
+    columns = shard_columns(prep)
+    writer = ShardWriter(columns)
+    max_samples, max_bytes = shard_capacity(spec, prep)
+    fractions = (spec.split.train, spec.split.validation, spec.split.test)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards = {s: _OpenShard(s, out_dir, writer, prep, max_samples, max_bytes) for s in SPLITS}
+    with WorkerPool(workers) as pool:
+        jobs = _jobs(spec, prep, raw_file, fractions, pool.workers)
+        for (ids, labels, codes), samples in pool.ordered(preprocess_task, jobs):
+            for image_id, label, code, sample in zip(ids, labels, codes, samples):
+                shards[SPLITS[code]].add(image_id, label, sample)
+    for shard in shards.values():
+        shard.flush()
+    return {
+        "format": FORMAT_V2,
+        "kind": "images",
+        "columns": [c.to_dict() for c in columns],
+        "task": spec.task,
+        "class_names": list(spec.class_names),
+        "num_classes": len(spec.class_names),
+        "sample_shape": list(sample_shape(prep)),
+        "preprocessing": _describe(prep, code_sha256),
+        "split": {"seed": spec.split.seed, "fractions": dict(zip(SPLITS, fractions)), "by": SPLIT_BY},
+        "shard_size": {"max_samples": max_samples, "max_bytes": max_bytes},
+        "splits": {s: {"num_samples": shards[s].num_samples, "shards": shards[s].entries} for s in SPLITS},
+    }
+
+
+def _jobs(spec: PipelineSpec, prep: ImagePreprocessing, raw_file: Path, fractions: tuple[float, float, float],
+          workers: int) -> Iterator[tuple[tuple, tuple]]:
+    """(ids, label indices, split codes) and the worker's task, slice by slice of each row group."""
+    import pyarrow.parquet as pq
+
+    class_index = {c: i for i, c in enumerate(spec.class_names)}
+    limit = Image.MAX_IMAGE_PIXELS
+    last_id = None
+    raw = pq.ParquetFile(raw_file)
+    for group in range(raw.num_row_groups):
+        table = raw.read_row_group(group, columns=["id", "label", "bytes"])
+        ids = table.column("id").to_pylist()
+        if ids and (last_id is not None and ids[0] <= last_id or any(a >= b for a, b in zip(ids, ids[1:]))):
+            raise ValueError(f"the raw copy {raw_file.name} is not in strictly increasing id order (row group "
+                             f"{group}); ingest writes it sorted, so it was written by something else")
+        last_id = ids[-1] if ids else last_id
+        labels = [_label_index(class_index, label, i) for label, i in zip(table.column("label").to_pylist(), ids)]
+        codes = assign_splits(pd.Series(ids, dtype=str), spec.split.seed, fractions).tolist()
+        contents = table.column("bytes").to_pylist()
+        del table
+        step = task_size(len(ids), workers)
+        for s in range(0, len(ids), step):
+            e = s + step
+            yield (ids[s:e], labels[s:e], codes[s:e]), (prep, ids[s:e], contents[s:e], limit)
+
+
+def _label_index(class_index: dict[str, int], label: str, image_id: str) -> int:
+    if label not in class_index:
+        raise ValueError(f"image {image_id!r} has the label {label!r}, not one of the classes {list(class_index)}")
+    return class_index[label]
+
+
+def _describe(prep: ImagePreprocessing, code_sha256: str) -> dict:
+    out = {"kind": "image", "size": list(prep.size), "fit": prep.fit, "channels": prep.channels,
+           "encoded": prep.encoded, "jpeg_quality": prep.jpeg_quality, "function": prep.function,
+           "code_sha256": code_sha256, "libraries": {"pillow": version("pillow")}}
+    if prep.encoded:
+        out["libraries"]["simplejpeg"] = version("simplejpeg")
+        out["jpeg_subsampling"] = "4:2:0 (colour), grayscale for L"
+    if prep.function is None:
+        out.update(resample="bilinear (antialiased)", exif_orientation="applied",
+                   transparency=f"composited on ({BACKGROUND}, {BACKGROUND}, {BACKGROUND})")
+    return out

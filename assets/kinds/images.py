@@ -1,0 +1,48 @@
+"""Image folders as a ``DataKind``: JPEG/PNG/WebP files in class folders (or listed by a manifest)
+become a checked raw copy, then typed-column shards of preprocessed images.
+
+The work is split by stage:
+
+- ``image_listing``: which files are images, and their labels (class folders or manifest);
+- ``image_decode``: one image checked (format, size, mode, a full decode) or preprocessed;
+- ``image_pool``: the process pool that runs those on every core, in order;
+- ``image_ingest``: the raw copy (``images.parquet``: id, label, width, height, mode, format,
+  sha256 and the original bytes) with its Great Expectations report;
+- ``image_shards`` / ``image_checks``: the shards (``image`` uint8 (h, w, c) or ``jpeg`` bytes,
+  ``label`` int64, ``id`` str), their manifest, and their checks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from assets.kinds.base import RawData
+from assets.kinds.image_checks import check_image_shards
+from assets.kinds.image_ingest import RAW_COLUMNS, RAW_NAME, ingest_images
+from assets.kinds.image_pool import preprocess_images
+from assets.kinds.image_shards import shard_images
+from assets.quality.runner import QualityReport
+from core.spec import PipelineSpec
+
+__all__ = ["IMAGES", "ImageKind", "RAW_COLUMNS", "preprocess_images"]
+
+
+class ImageKind:
+    """``workers``: processes that decode and preprocess (None: one per core)."""
+
+    raw_name = RAW_NAME
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers
+
+    def ingest(self, spec: PipelineSpec, files: list[Path], root: Path, out: Path) -> RawData:
+        return ingest_images(spec, files, root, out, self.workers)
+
+    def shard(self, spec: PipelineSpec, raw_file: Path, out_dir: Path) -> dict:
+        return shard_images(spec, raw_file, out_dir, self.workers)
+
+    def check_shards(self, spec: PipelineSpec, manifest: dict, out_dir: Path) -> QualityReport:
+        return check_image_shards(spec, manifest, out_dir)
+
+
+IMAGES = ImageKind()

@@ -1,0 +1,134 @@
+"""The raw_dataset and shards assets of an image folder or a text corpus (a ``DataKind``).
+
+Same contract as the table assets in assets/pipeline.py: each writes to the run's branch,
+commits its data with its validation report, records a blocking check, and stops the run with
+what failed. A dataset of this kind publishes its shards to main (tagged ``<name>-d<N>``) as soon
+as they pass their checks.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the ``context`` annotation as a type.
+import fnmatch
+import json
+import tempfile
+from pathlib import Path
+
+import dagster as dg
+
+from assets import ingest
+from assets.kinds import DataKind
+from assets.source import file_sha256
+from core.spec import ImageFolder, PipelineSpec
+from ops.runs import TRANSIENT_RETRY, ensure_run_branch
+from resources.platform import PlatformSettings, VersionedStoreResource
+from resources.store.base import MAIN
+
+
+def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, dg.AssetKey], *,
+                            source_commit_tag: str, checked) -> list[dg.AssetsDefinition]:
+    """``checked`` is assets.pipeline's helpers: (commit_checked, gate, replace_prefix, publish, check_owner, link)."""
+    commit_checked, gate, replace_prefix, publish, check_owner, link = checked
+    name = spec.name
+    prefix = ingest.dataset_prefix(name)
+    raw_store_path = prefix + "raw/" + kind.raw_name
+
+    @dg.asset(key=keys["raw_dataset"], group_name=name, kinds={"parquet"}, retry_policy=TRANSIENT_RETRY,
+              check_specs=[dg.AssetCheckSpec("raw_expectations", asset=keys["raw_dataset"], blocking=True,
+                                             description=f"Checks on every file of the {spec.source.describe()}.")],
+              description=f"Source files of {name} ({spec.source.describe()}), validated and committed to the run "
+                          "branch.")
+    def raw_dataset(context: dg.AssetExecutionContext, platform: PlatformSettings, store: VersionedStoreResource):
+        s = store.get()
+        s.ensure_repository()
+        check_owner(s, spec)
+        with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
+            files, root, source_commit = source_files(context, spec, s, platform.sources_root, Path(tmp),
+                                                      source_commit_tag)
+            raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name)
+            branch = ensure_run_branch(s, context.run_id)
+            if raw.report.passed:  # otherwise only the evidence stays on the run branch
+                s.put_file(branch, raw_store_path, raw.path)
+            s.put_object(branch, prefix + "raw/sources.json", json.dumps(raw.sources, indent=2, sort_keys=True).encode())
+        commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
+                                   f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
+        value = {"dataset": name, "commit_id": commit_id, "path": raw_store_path, "rows": raw.rows, "branch": branch,
+                 "source_commit": source_commit, "checks": raw.report.summary()}
+        yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
+            "commit_id": commit_id, "rows": raw.rows, "files": len(raw.sources), "store_link": link(s, commit_id),
+            **({"source_commit": source_commit} if source_commit else {})})
+        yield from gate(context, raw.report, keys["raw_dataset"], "raw_expectations", commit_id, branch)
+
+    @dg.asset(key=keys["shards"], group_name=name, ins={"raw": dg.AssetIn(keys["raw_dataset"])}, kinds={"numpy"},
+              retry_policy=TRANSIENT_RETRY,
+              check_specs=[dg.AssetCheckSpec("shard_expectations", asset=keys["shards"], blocking=True,
+                                             description="Counts, split fractions, labels and checksums of the shards.")],
+              description=f"{name} preprocessed into typed-column shards (format v2), split train/validation/test.")
+    def shards(context: dg.AssetExecutionContext, raw: dict, platform: PlatformSettings,
+               store: VersionedStoreResource):
+        s = store.get()
+        branch = ensure_run_branch(s, context.run_id)
+        shard_prefix = prefix + "shards/"
+        with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
+            raw_file = s.download(raw["commit_id"], raw["path"], Path(tmp) / kind.raw_name)
+            out = Path(tmp) / "shards"
+            try:
+                manifest = kind.shard(spec, raw_file, out)
+            except ValueError as exc:
+                raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
+                                 allow_retries=False) from exc
+            manifest["source_commit"] = raw["commit_id"]
+            manifest["location"] = spec.location
+            report = kind.check_shards(spec, manifest, out)
+            replace_prefix(s, branch, shard_prefix, out, manifest)
+        commit_id = commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
+                                   raw_commit=raw["commit_id"])
+        counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
+        value = {"dataset": name, "commit_id": commit_id, "prefix": shard_prefix,
+                 "manifest_path": shard_prefix + "manifest.json", "raw_commit": raw["commit_id"], "num_samples": counts,
+                 "location": spec.location, "checks": {"raw_dataset": raw.get("checks"), "shards": report.summary()}}
+        if report.passed:
+            value["dataset_version"] = publish(context, s, branch, platform, name, commit_id)
+        yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
+            "commit_id": commit_id, **{f"{k}_samples": n for k, n in counts.items()},
+            "columns": dg.MetadataValue.json(manifest["columns"]),
+            "preprocessing": dg.MetadataValue.json(manifest.get("preprocessing", {})),
+            "store_link": link(s, commit_id),
+            **({"dataset_version": value["dataset_version"]} if "dataset_version" in value else {})})
+        yield from gate(context, report, keys["shards"], "shard_expectations", commit_id, branch)
+
+    return [raw_dataset, shards]
+
+
+def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,
+                 source_commit_tag: str) -> tuple[list[Path], Path, str | None]:
+    """(files, the root they lie under, the store commit they came from or None).
+
+    As for tables: the store's ``sources/`` area at the run's pinned commit when files there match,
+    else the local sources directory. Symbolic links are listed, not followed: the kind refuses
+    one that leads outside the root.
+    """
+    commit = context.run.tags.get(source_commit_tag) or store.resolve_ref(MAIN)
+    patterns = spec.source.paths
+    in_store = [o for o in store.list_objects(commit, prefix="sources/")
+                if any(fnmatch.fnmatchcase(o.path[len("sources/"):], p) for p in patterns)]
+    if in_store:
+        root = tmp / "sources"
+        return [store.download(commit, o.path, root / o.path[len("sources/"):]) for o in in_store], root, commit
+    if isinstance(spec.source, ImageFolder):
+        folder = sources_root / spec.source.root
+        if not folder.is_dir():
+            raise dg.Failure(description=f"pipeline {spec.name!r}: image folder {folder} does not exist; put the "
+                                         f"images under it (one sub-folder per class) or commit them to the store "
+                                         f"under sources/{spec.source.root}/", allow_retries=False)
+        files = sorted(p for p in folder.rglob("*") if p.is_symlink() or p.is_file())
+    else:
+        files = sorted({f for p in patterns for f in sources_root.glob(p) if f.is_symlink() or f.is_file()})
+    if not files:
+        raise dg.Failure(description=f"pipeline {spec.name!r}: no files match {list(patterns)} under {sources_root} "
+                                     "or in the store's sources/ area", allow_retries=False)
+    return files, sources_root, None
+
+
+def describe_files(files: list[Path], root: Path) -> list[dict]:
+    """What raw_dataset records about each file it read (symbolic links as the link, not followed)."""
+    return [{"file": str(f.relative_to(root)), "bytes": f.lstat().st_size,
+             **({"sha256": file_sha256(f)} if f.is_file() and not f.is_symlink() else {})} for f in files]
