@@ -1,7 +1,9 @@
 """The benchmark harness: ``python -m benchmarks.run [--size tiny|full] [--only NAME]``.
 
 Runs the seven figures of issue 8, each as a ratio measured side by side in this one run
-(repetitions interleaved, medians reported), writes ``results.json`` and the results table of
+(repetitions interleaved, medians reported); ``--only gather``, ``--only image_loader`` and
+``--only token_loader`` run figures that are left out by default (the v1 gather re-run, and the
+typed-column loaders of shard format v2: benchmarks/typed_loaders.py), writes ``results.json`` and the results table of
 ``BENCHMARKS.md`` (between its markers; the notes around the table are kept). Every measurement
 runs in its own subprocess; the peers run in ``benchmarks/.peers-venv`` (created by
 ``benchmarks/peers_setup.sh`` when missing, unless ``--no-peers``).
@@ -13,6 +15,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,14 +31,17 @@ SIZES = {
     "tiny": {"reps": 1, "loader_seconds": 0.4, "rows_4k": 1100, "rows_192k": 120, "stall_seconds": 0.5,
              "pre_rows": 2000, "pre_dim": 64, "ckpt_hidden": 256, "ckpt_reps": 1, "scale_steps": 4,
              "scale_rows": 1200, "over_rows": 1500, "over_target_s": 1.0, "growth_rows": 300,
-             "growth_samples": 512, "limit_mb": 64, "chunk_mb": 0.5, "timeout": 300},
+             "growth_samples": 512, "limit_mb": 64, "chunk_mb": 0.5, "timeout": 300,
+             "images": 1024, "token_windows": 16384, "typed_seconds": 1.5, "typed_reps": 3},
     "full": {"reps": 3, "loader_seconds": 2.0, "rows_4k": 17000, "rows_192k": 1420, "stall_seconds": 4.0,
              "pre_rows": 12000, "pre_dim": 256, "ckpt_hidden": 2048, "ckpt_reps": 5, "scale_steps": 40,
              "scale_rows": 20000, "over_rows": 20000, "over_target_s": 70.0, "growth_rows": 2000,
-             "growth_samples": 4096, "limit_mb": 64, "chunk_mb": 2.0, "timeout": 900},
+             "growth_samples": 4096, "limit_mb": 64, "chunk_mb": 2.0, "timeout": 900,
+             "images": 4096, "token_windows": 131072, "typed_seconds": 3.0, "typed_reps": 3},
 }
 BENCHMARKS = ("loaders", "stall", "preprocess", "checkpoint", "scaling", "overhead", "growth")
-EXTRA = ("gather",)  # run only when named with --only
+EXTRA = ("gather", "image_loader", "token_loader")  # run only when named with --only
+IMAGE_PEERS = ("streaming", "webdataset")
 PEERS = ("streaming", "webdataset", "pandas")
 MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -116,6 +122,80 @@ def bench_loaders(ctx: Ctx, peers: bool = True) -> dict:
             entry["best_peer"] = best
             entry["ours_vs_best_peer"] = med["ours"] / peer_med[best]
         out["sizes"][label] = entry
+    return out
+
+
+# ---------------------------------------------------------------- 8. typed-column (v2) loaders
+def _typed_measure(ctx: Ctx, kind: str, data: Path, loaders: list[str], errors: dict, threads: int) -> dict:
+    """Each loader ``typed_reps`` times, rounds interleaved; returns the samples/s per loader."""
+    runs: dict[str, list[float]] = {}
+    for rep in range(ctx.p["typed_reps"]):
+        for name in rotate(loaders, rep):
+            if name in errors:
+                continue
+            py = str(PEERS_PY) if name in IMAGE_PEERS else ctx.py
+            try:
+                r = run_json([py, "-m", "benchmarks.typed_loaders", "measure", "--kind", kind, "--loader", name,
+                              "--data", str(data), "--seconds", str(ctx.p["typed_seconds"]), "--threads", str(threads)],
+                             timeout=ctx.p["timeout"])
+                runs.setdefault(name, []).append(r["samples_per_s"])
+            except ProbeError as e:
+                errors[name] = str(e)[-600:]
+    return runs
+
+
+def _image_peers(ctx: Ctx, data: Path, errors: dict) -> dict:
+    """Peer copies of the JPEGs, written in the peers' venv; a peer that does not import there is
+    left out with the reason."""
+    if ctx.peer_problem is not None:
+        errors.update({peer: ctx.peer_problem for peer in IMAGE_PEERS})
+        return {}
+    for peer, module in (("streaming", "streaming"), ("webdataset", "webdataset")):
+        p = subprocess.run([str(PEERS_PY), "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            errors[peer] = f"{module} does not import in benchmarks/.peers-venv: {p.stderr.strip()[-300:]}"
+    if all(peer in errors for peer in IMAGE_PEERS):
+        return {}
+    try:
+        return run_json([str(PEERS_PY), "-m", "benchmarks.typed_loaders", "write-peers", "--data", str(data)],
+                        timeout=ctx.p["timeout"])
+    except ProbeError as e:
+        errors.update({peer: f"writing peer formats failed: {e}" for peer in IMAGE_PEERS if peer not in errors})
+        return {}
+
+
+def bench_image_loader(ctx: Ctx) -> dict:
+    """The typed loader on 128x128 JPEGs of about 20 KB against the decoder alone (simplejpeg on
+    the same bytes, in a plain loop, on as many threads), and the peers on the same JPEGs."""
+    data = ctx.data / f"images_128_{ctx.size}"
+    threads = len(os.sched_getaffinity(0))
+    written = run_json([ctx.py, "-m", "benchmarks.typed_loaders", "write-images", "--data", str(data),
+                        "--images", str(ctx.p["images"])], timeout=ctx.p["timeout"])
+    errors: dict[str, str] = {}
+    peer_files = _image_peers(ctx, data, errors)
+    runs = _typed_measure(ctx, "images", data, ["decoder", "ours", "ours_augmented", *IMAGE_PEERS], errors, threads)
+    med = {k: median(v) for k, v in runs.items()}
+    out = {"batch": 256, "threads": threads, "image": "128x128x3 JPEG, quality 90", "seconds_per_measurement":
+           ctx.p["typed_seconds"], **written, "mean_jpeg_bytes": written["shard_bytes"] / written["samples"],
+           "peer_files": peer_files, "runs": runs, "errors": errors, "median_samples_per_s": med}
+    if "decoder" in med:
+        out["vs_decoder_alone"] = {k: v / med["decoder"] for k, v in med.items()}
+    return out
+
+
+def bench_token_loader(ctx: Ctx) -> dict:
+    """The typed loader on int32 token windows of 129 against the memory-read limit (contiguous
+    batch slices of the memory-mapped shards, as figure 1 measures it for v1)."""
+    data = ctx.data / f"tokens_129_{ctx.size}"
+    written = run_json([ctx.py, "-m", "benchmarks.typed_loaders", "write-tokens", "--data", str(data),
+                        "--windows", str(ctx.p["token_windows"])], timeout=ctx.p["timeout"])
+    errors: dict[str, str] = {}
+    runs = _typed_measure(ctx, "tokens", data, ["memmap", "ours"], errors, threads=2)
+    med = {k: median(v) for k, v in runs.items()}
+    out = {"batch": 256, "window": 129, "dtype": "int32", "loader_threads": 2, "seconds_per_measurement":
+           ctx.p["typed_seconds"], **written, "runs": runs, "errors": errors, "median_samples_per_s": med}
+    if "memmap" in med:
+        out["vs_memory_read_limit"] = {k: v / med["memmap"] for k, v in med.items()}
     return out
 
 
@@ -302,7 +382,7 @@ def bench_growth(ctx: Ctx) -> dict:
 
 RUNNERS = {"loaders": bench_loaders, "gather": bench_gather, "stall": bench_stall, "preprocess": bench_preprocess,
            "checkpoint": bench_checkpoint, "scaling": bench_scaling, "overhead": bench_overhead,
-           "growth": bench_growth}
+           "growth": bench_growth, "image_loader": bench_image_loader, "token_loader": bench_token_loader}
 
 
 # ---------------------------------------------------------------- report
@@ -312,6 +392,30 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
 
 def _met(ok: bool | None) -> str:
     return "—" if ok is None else ("met" if ok else "**missed**")
+
+
+def _typed_rows(b: dict, add) -> None:
+    """Rows of figure 8, the typed-column (v2) loaders."""
+    def side(e: dict, ratios: dict) -> str:
+        med = e.get("median_samples_per_s", {})
+        return "; ".join([f"{k} {_f(v, '{:,.0f}')}/s ({_f(ratios.get(k))}×)" for k, v in med.items()]
+                         + [f"{k}: not measured ({v[:160]})" for k, v in e.get("errors", {}).items()])
+
+    e = b.get("image_loader")
+    if e and "error" not in e:
+        r = e.get("vs_decoder_alone", {})
+        ours = r.get("ours")
+        add(f"8a. image loader, {e['samples']} JPEGs 128×128 (~{e['mean_jpeg_bytes'] / 1000:.0f} KB), batch 256, "
+            f"{e['threads']} decode threads",
+            f"ours {_f(ours)}× the decoder alone; with random crop 112 + flip {_f(r.get('ours_augmented'))}×",
+            side(e, r), "≥ 0.8× decoder alone", None if ours is None else ours >= 0.8)
+    e = b.get("token_loader")
+    if e and "error" not in e:
+        r = e.get("vs_memory_read_limit", {})
+        ours = r.get("ours")
+        add(f"8b. token loader, {e['samples']} int32 windows of 129 ({e['shard_bytes'] / 2**20:.0f} MB), batch 256",
+            f"ours {_f(ours)}× memory-read limit", side(e, r), "≥ 0.5× limit",
+            None if ours is None else ours >= 0.5)
 
 
 def table(results: dict) -> str:
@@ -338,6 +442,7 @@ def table(results: dict) -> str:
                                                         f"({e['best_peer']})" if "ours_vs_best_peer" in e else ""),
                 side, "≥ 0.5× limit" + ("; ≥ 10× best peer" if label == "4KB" and key == "loaders" else ""),
                 None if ours is None else ours >= 0.5 and (label != "4KB" or e.get("ours_vs_best_peer", 99) >= 10))
+    _typed_rows(b, add)
     if "stall" in b and "error" not in b["stall"]:
         s = b["stall"]
         add("2. data stall (4 KB, batch 256)", f"{s['stall_share'] * 100:.2f} % of step time",
@@ -469,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     rerun = bool(a.only) and "command" in results
     if not rerun:
         results.update(machine=machine(), date=date, command=command, size=a.size, load_before=load_average())
-    if "loaders" in names:
+    if "loaders" in names or "image_loader" in names:
         ensure_peers(ctx)
     for name in names:
         t = time.perf_counter()

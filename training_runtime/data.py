@@ -168,35 +168,99 @@ class SplitData:
             out = np.empty((len(idx), *self.feature_shape), dtype=np.float32)
         if len(idx) == 0:
             return out, self.labels[idx]
-        if idx.min() < 0 or idx.max() >= self.num_samples:
-            raise IndexError(f"sample index out of range [0, {self.num_samples})")
-        if np.all(idx[1:] >= idx[:-1]):
-            self._take_sorted(idx, out)
-        else:
-            order = np.argsort(idx, kind="stable")
-            tmp = np.empty_like(out)
-            self._take_sorted(idx[order], tmp)
-            out[order] = tmp
+        take_rows(self._arrays, plan_rows(self.starts, idx), out)
         return out, self.labels[idx]
 
-    def _take_sorted(self, idx: np.ndarray, out: np.ndarray) -> None:
-        # Large samples copy faster from the memory map with an advanced index into the slice
-        # (benchmarks/: 192 KB samples 0.27x -> 0.43x and 0.32x -> 0.40x of the memory-read
-        # limit in two side-by-side runs); 4 KB samples are fastest with np.take into ``out``.
-        # A batch touches most shards, so the per-shard Python work is kept to one call: offsets
-        # within the shards are computed for the whole batch at once, and the arrays are plain
-        # ndarray views of the memory maps (np.memmap's subclass hooks cost on every call).
-        large = math.prod(self.feature_shape) * 4 >= 64 * 1024
-        bounds = np.searchsorted(idx, self.starts)
-        local = idx - np.repeat(self.starts[:-1], np.diff(bounds))
-        bounds = bounds.tolist()
-        for s, arr in enumerate(self._arrays):
-            a, e = bounds[s], bounds[s + 1]
-            if a < e:
-                if large:
-                    out[a:e] = arr[local[a:e]]
-                else:
-                    np.take(arr, local[a:e], axis=0, out=out[a:e], mode="clip")
+    def load_batch(self, idx: np.ndarray, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch as tensors, in pinned memory when ``pin`` (run in the loader's threads)."""
+        if pin:
+            xt = torch.empty((len(idx), *self.feature_shape), pin_memory=True)
+            _, y = self.gather(idx, out=xt.numpy())
+            return xt, torch.from_numpy(y).pin_memory()
+        x, y = self.gather(idx)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+
+# ---------------------------------------------------------------- row gathering (v1 and v2 shards)
+# Large samples copy faster from the memory map with an advanced index into the slice
+# (benchmarks/: 192 KB samples 0.27x -> 0.43x and 0.32x -> 0.40x of the memory-read limit in two
+# side-by-side runs); 4 KB samples are fastest with np.take into ``out``.
+LARGE_SAMPLE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Where a batch's samples lie in a split's shards, worked out once per batch and used for
+    every column gathered: each segment ``(s, a, e)`` says that rows ``a:e`` of the output are
+    rows ``local[a:e]`` of shard ``s``; ``order`` (None when the rows came sorted, or sorted
+    batch by batch) puts them back in the order asked for."""
+
+    segments: list[tuple[int, int, int]]
+    local: np.ndarray
+    order: np.ndarray | None
+
+
+def plan_rows(starts: np.ndarray, idx: np.ndarray) -> RowPlan:
+    """``starts``: each shard's first global sample index, then the total. Raises IndexError for
+    an index outside the split."""
+    if len(idx) and np.all(idx[1:] >= idx[:-1]):
+        return plan_batches(starts, [idx])
+    num_samples = int(starts[-1])
+    if len(idx) and (idx.min() < 0 or idx.max() >= num_samples):
+        raise IndexError(f"sample index out of range [0, {num_samples})")
+    order = np.argsort(idx, kind="stable")
+    plan = plan_batches(starts, [idx[order]])
+    return RowPlan(plan.segments, plan.local, order)
+
+
+def plan_batches(starts: np.ndarray, batches: list[np.ndarray]) -> RowPlan:
+    """The plan of several batches gathered as one (their rows one batch after the other), each
+    batch's indices sorted. A batch touches most shards, so the Python work per shard is kept to
+    one take per segment: shard offsets are computed for all the rows at once."""
+    num_samples = int(starts[-1])
+    for b in batches:
+        if len(b) and (b[0] < 0 or b[-1] >= num_samples):
+            raise IndexError(f"sample index out of range [0, {num_samples})")
+    if len(batches) == 1:
+        idx = keys = batches[0]
+        edges = starts
+    else:
+        # Batch k's indices shifted by k * num_samples make the rows one sorted run, so one
+        # searchsorted finds every (batch, shard) boundary.
+        idx = np.concatenate(batches)
+        run = np.repeat(np.arange(len(batches), dtype=np.int64), [len(b) for b in batches])
+        keys = idx + run * num_samples
+        edges = (starts[None, :] + np.arange(len(batches), dtype=np.int64)[:, None] * num_samples).ravel()
+    bounds = np.searchsorted(keys, edges).reshape(len(batches), -1)
+    counts = np.diff(bounds, axis=1).ravel()
+    local = idx - np.repeat(np.tile(starts[:-1], len(batches)), counts)
+    used = np.flatnonzero(counts)
+    segments = list(zip((used % (len(starts) - 1)).tolist(), bounds[:, :-1].ravel()[used].tolist(),
+                        bounds[:, 1:].ravel()[used].tolist()))
+    return RowPlan(segments, local, None)
+
+
+def take_rows(arrays: list[np.ndarray], plan: RowPlan, out: np.ndarray) -> None:
+    """Copy the planned rows of one column (one array per shard, samples on axis 0) into ``out``.
+    The arrays should be plain ndarray views of the memory maps: np.memmap's subclass hooks cost
+    on every call."""
+    if plan.order is None:
+        _take_segments(arrays, plan, out)
+    else:
+        tmp = np.empty_like(out)
+        _take_segments(arrays, plan, tmp)
+        out[plan.order] = tmp
+
+
+def _take_segments(arrays: list[np.ndarray], plan: RowPlan, out: np.ndarray) -> None:
+    large = out[0].nbytes >= LARGE_SAMPLE_BYTES if len(out) else False
+    local = plan.local
+    for s, a, e in plan.segments:
+        if large:
+            out[a:e] = arrays[s][local[a:e]]
+        else:
+            # mode="clip": the default "raise" buffers ``out``, a hidden second copy
+            np.take(arrays[s], local[a:e], axis=0, out=out[a:e], mode="clip")
 
 
 # ---------------------------------------------------------------- background loader
@@ -210,50 +274,56 @@ class _Stop(Exception):
     pass
 
 
-class PrefetchLoader:
-    """Iterates one epoch of batches for this rank from ``start_step``. ``num_workers`` threads
-    each gather every num_workers-th batch into its own bounded queue; the consumer reads the
-    queues round-robin, so order is deterministic. On CUDA batches land in pinned memory and are
-    copied with ``non_blocking=True``. ``wait_s`` accumulates the time the consumer waited.
+def sorted_batches(indices: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """``indices`` cut into batches, each in index order (the loss is a mean, so order within a
+    batch does not matter) so that gathering reads each shard front to back. One sort for all full
+    batches: a sort call per batch cost more than the sorting when batches are small."""
+    full = len(indices) // batch_size * batch_size
+    batches = list(np.sort(indices[:full].reshape(-1, batch_size), axis=1))
+    if full < len(indices):
+        batches.append(np.sort(indices[full:]))
+    return batches
+
+
+class BatchPrefetcher:
+    """Iterates one epoch of batches for this rank from ``start_step``. Batches are loaded
+    ``batches_per_load`` at a time (consecutive ones): ``num_workers`` threads each load every
+    num_workers-th load into its own bounded queue; the consumer reads the queues round-robin, so
+    order is deterministic. ``load_batches(list of sorted index arrays)`` runs in those threads and
+    returns the batches made on the host; ``deliver(item)`` runs on the consumer (it moves a batch
+    to the device). ``wait_s`` accumulates the time the consumer waited.
+
+    Loading several batches at once amortises the fixed cost of a load (planning, allocation, a
+    queue hand-off between threads) when batches are small.
 
     ``then`` (set by ``chained_epochs``) is the next epoch's loader: it is started once this
     loader's remaining batches are all in flight, so the next epoch's first batches are ready when
     this epoch ends instead of being gathered while training waits."""
 
-    def __init__(self, data: SplitData, indices: np.ndarray, batch_size: int, start_step: int,
-                 device: torch.device, num_workers: int = 1, prefetch_batches: int = 4):
-        self.data = data
-        # A batch's samples come in index order (the loss is a mean, so order within a batch does
-        # not matter) so that gathering reads each shard sequentially.
-        self.batches = [np.sort(indices[i:i + batch_size]) for i in range(0, len(indices), batch_size)]
+    def __init__(self, load_batches: Callable[[list[np.ndarray]], list], deliver: Callable[[object], object],
+                 indices: np.ndarray, batch_size: int, start_step: int, num_workers: int = 1,
+                 prefetch_batches: int = 4, batches_per_load: int = 1):
+        self.load_batches, self.deliver = load_batches, deliver
+        self.batches = sorted_batches(indices, batch_size)
         self.start = start_step
-        self.device = device
-        self.pin = device.type == "cuda"
         self.num_workers = num_workers
-        depth = max(1, math.ceil(prefetch_batches / num_workers))
+        self.per_load = max(1, batches_per_load)
+        depth = max(1, math.ceil(prefetch_batches / (num_workers * self.per_load)))
         self.queues: list[queue.Queue] = [queue.Queue(maxsize=depth) for _ in range(num_workers)]
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.wait_s = 0.0
-        self.lookahead = depth * num_workers
-        self.then: PrefetchLoader | None = None
+        self.lookahead = depth * num_workers * self.per_load
+        self.then: BatchPrefetcher | None = None
 
     def __len__(self) -> int:
         return len(self.batches) - self.start
 
     def _produce(self, w: int) -> None:
-        q = self.queues[w]
+        q, step = self.queues[w], self.num_workers * self.per_load
         try:
-            for b in range(self.start + w, len(self.batches), self.num_workers):
-                idx = self.batches[b]
-                if self.pin:
-                    xt = torch.empty((len(idx), *self.data.feature_shape), pin_memory=True)
-                    _, y = self.data.gather(idx, out=xt.numpy())
-                    item = (xt, torch.from_numpy(y).pin_memory())
-                else:
-                    x, y = self.data.gather(idx)
-                    item = (torch.from_numpy(x), torch.from_numpy(y))
-                self._put(q, item)
+            for b in range(self.start + w * self.per_load, len(self.batches), step):
+                self._put(q, self.load_batches(self.batches[b:b + self.per_load]))
         except _Stop:
             return
         except BaseException as e:  # handed to the consumer, which re-raises it
@@ -281,23 +351,25 @@ class PrefetchLoader:
         for t in self.threads:
             t.start()
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator:
         self.start_gathering()
         start_next_at = max(self.start, len(self.batches) - self.lookahead)
+        loaded: list = []
         try:
             for b in range(self.start, len(self.batches)):
                 if b == start_next_at and self.then is not None:
                     self.then.start_gathering()
                 t0 = time.perf_counter()
-                item = self.queues[(b - self.start) % self.num_workers].get()
-                if isinstance(item, BaseException):
-                    raise DataError(f"loading batch {b} failed: {item}") from item
-                x, y = item
-                if self.device.type != "cpu":
-                    x = x.to(self.device, non_blocking=True)
-                    y = y.to(self.device, non_blocking=True)
+                pos = b - self.start
+                if pos % self.per_load == 0:  # the next load, from the worker whose turn it is
+                    loaded = self.queues[pos // self.per_load % self.num_workers].get()
+                    if isinstance(loaded, BaseException):
+                        last = min(b + self.per_load, len(self.batches)) - 1
+                        which = f"batch {b}" if last == b else f"batches {b}-{last}"
+                        raise DataError(f"loading {which} failed: {loaded}") from loaded
+                batch = self.deliver(loaded[pos % self.per_load])
                 self.wait_s += time.perf_counter() - t0
-                yield Batch(x, y)
+                yield batch
         finally:
             self.close()
 
@@ -307,8 +379,31 @@ class PrefetchLoader:
             t.join(timeout=5)
 
 
-def chained_epochs(make_loader: Callable[[int, int], PrefetchLoader], start_step: int, steps_per_epoch: int,
-                   total_steps: int) -> Iterator[tuple[int, PrefetchLoader]]:
+class PrefetchLoader(BatchPrefetcher):
+    """The v1 loader: batches of a ``SplitData`` as ``Batch(x, y)``. On CUDA batches land in
+    pinned memory and are copied with ``non_blocking=True``."""
+
+    def __init__(self, data: SplitData, indices: np.ndarray, batch_size: int, start_step: int,
+                 device: torch.device, num_workers: int = 1, prefetch_batches: int = 4):
+        self.data = data
+        self.device = device
+        self.pin = device.type == "cuda"
+        super().__init__(self._load, self._deliver, indices, batch_size, start_step, num_workers,
+                         prefetch_batches)
+
+    def _load(self, batches: list[np.ndarray]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [self.data.load_batch(idx, self.pin) for idx in batches]
+
+    def _deliver(self, item: tuple[torch.Tensor, torch.Tensor]) -> Batch:
+        x, y = item
+        if self.device.type != "cpu":
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+        return Batch(x, y)
+
+
+def chained_epochs(make_loader: Callable[[int, int], BatchPrefetcher], start_step: int, steps_per_epoch: int,
+                   total_steps: int) -> Iterator[tuple[int, BatchPrefetcher]]:
     """``(epoch, loader)`` from ``start_step``'s epoch on, ``make_loader(epoch, first_step_in_epoch)``
     building each; every loader starts the next one's gathering before its own epoch ends.
     Loaders are closed when their epoch is done or the caller stops iterating; nothing is
