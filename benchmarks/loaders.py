@@ -183,11 +183,16 @@ def measure(loader: str, data: Path, seconds: float, workers: int, seed: int = 0
     warm_page_cache(data / ("shards" if loader in ("ours", "ours_before", "memmap", "pandas") else
                             "mds" if loader == "streaming" else "wds"))
     epoch_fn = LOADERS[loader](data, workers, seed)
+    samples, batches, dt, e = time_epochs(loader, epoch_fn, seconds)
+    return {"loader": loader, "samples": samples, "batches": batches, "seconds": dt,
+            "epochs_started": e, "samples_per_s": samples / dt, "workers": workers}
+
+
+def time_epochs(loader: str, epoch_fn, seconds: float) -> tuple[int, int, float, int]:
+    """(samples, batches, seconds, epochs started) of ``epoch_fn(epoch)``'s (x, y) batches for
+    ``seconds`` after two warm-up batches, checking each batch's shape."""
     samples = batches = 0
-    warm = 2
-    t0 = None
-    e = 0
-    done = False
+    warm, t0, e, done = 2, 0.0, 0, False
     while not done:
         for x, y in epoch_fn(e):
             if x.shape[0] == 0 or len(y) != x.shape[0]:
@@ -203,9 +208,7 @@ def measure(loader: str, data: Path, seconds: float, workers: int, seed: int = 0
                 done = True
                 break
         e += 1
-    dt = time.perf_counter() - t0
-    return {"loader": loader, "samples": samples, "batches": batches, "seconds": dt,
-            "epochs_started": e, "samples_per_s": samples / dt, "workers": workers}
+    return samples, batches, time.perf_counter() - t0, e
 
 
 # ---------------------------------------------------------------- peer formats

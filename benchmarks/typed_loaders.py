@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.loaders import time_epochs
+
 BATCH = 256
 IMAGE = (128, 128, 3)
 CROP = (112, 112)
@@ -298,24 +300,7 @@ def measure(kind: str, loader: str, data: Path, seconds: float, threads: int, se
     if kind == "images" and loader == "decoder":
         return measure_decoder(data, seconds, threads, seed)
     epoch_fn = (IMAGE_LOADERS if kind == "images" else TOKEN_LOADERS)[loader](data, threads, seed)
-    samples = batches = 0
-    warm, t0, e, done = 2, 0.0, 0, False
-    while not done:
-        for x, y in epoch_fn(e):
-            if x.shape[0] == 0 or len(y) != x.shape[0]:
-                raise RuntimeError(f"{loader}: malformed batch {tuple(x.shape)} / {len(y)}")
-            if warm:
-                warm -= 1
-                if not warm:
-                    t0 = time.perf_counter()
-                continue
-            samples += x.shape[0]
-            batches += 1
-            if time.perf_counter() - t0 >= seconds:
-                done = True
-                break
-        e += 1
-    dt = time.perf_counter() - t0
+    samples, batches, dt, e = time_epochs(loader, epoch_fn, seconds)
     out = {"loader": loader, "samples": samples, "batches": batches, "seconds": dt, "epochs_started": e,
            "samples_per_s": samples / dt, "threads": threads}
     if loader in ("streaming", "webdataset"):
