@@ -259,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(a.loader, a.data, a.seconds, a.workers)
     else:
         result = write_peers(a.data)
+    emit(result)
+
+
+def emit(result: dict) -> None:
+    """Print one measurement as JSON for the parent (benchmarks/run.py) and exit at once."""
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     os._exit(0)  # skip slow interpreter/worker teardown; results are printed

@@ -25,9 +25,9 @@ RUN apt-get update \
  && python3 -m venv /opt/venv
 
 # torch from the CUDA wheel index; the rest from PyPI. nvidia-ml-py and psutil feed the runtime's
-# telemetry, boto3 reads s3:// shards.
+# telemetry, boto3 reads s3:// shards, simplejpeg and pillow decode image shards in the loader.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && pip install "numpy>=2.0" "boto3>=1.34" "nvidia-ml-py>=12" "psutil>=5.9" \
+ && pip install "numpy>=2.0" "boto3>=1.34" "nvidia-ml-py>=12" "psutil>=5.9" "simplejpeg>=1.7" "pillow>=10" \
       "dagster-pipes==${DAGSTER_PIPES_VERSION}"
 
 WORKDIR /opt/model-factory

@@ -15,7 +15,7 @@ from resources.k8s.manifests import PodSettings
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "helm" / "images"
 # Import name -> PyPI name where they differ.
-PYPI_NAME = {"pynvml": "nvidia-ml-py", "dagster_pipes": "dagster-pipes"}
+PYPI_NAME = {"pynvml": "nvidia-ml-py", "dagster_pipes": "dagster-pipes", "PIL": "pillow"}
 
 
 def runtime_third_party_imports() -> set[str]:

@@ -51,13 +51,14 @@ def write_package(root: Path, package: str, source: str) -> None:
     (root / package / "definitions.py").write_text(textwrap.dedent(source))
 
 
-def write_workspace(root: Path, locations: dict[str, str], with_platform: bool = False) -> Path:
+def write_workspace(root: Path, locations: dict[str, str], with_platform: bool = False,
+                    name: str = "workspace.yaml") -> Path:
     entries = [("platform", "pipelines.definitions", REPO)] if with_platform else []
     entries += [(name, f"{package}.definitions", root) for name, package in locations.items()]
     text = "load_from:\n" + "".join(
         f"  - python_module:\n      module_name: {module}\n      attribute: defs\n"
         f"      location_name: {name}\n      working_directory: {wd}\n" for name, module, wd in entries)
-    path = root / "workspace.yaml"
+    path = root / name
     path.write_text(text)
     return path
 
@@ -98,11 +99,12 @@ def test_two_team_locations_beside_the_platform_load_and_check(home):
     assert sorted(listings) == ["cellar", "platform", "tasting"]
     assert [p["name"] for p in listings["tasting"]] == ["blend"]
 
-    # Dagster itself loads the three locations (a code server each); the consumer's checkpoint
+    # Dagster itself loads the two team locations (a code server each); the consumer's checkpoint
     # hangs off the owner's shards, which only the owner's location materializes.
+    teams_only = write_workspace(home, {"cellar": "cellar_pkg", "tasting": "tasting_pkg"}, name="teams.yaml")
     (home / "instance").mkdir()
     with dg.DagsterInstance.local_temp(str(home / "instance")) as instance, WorkspaceProcessContext(
-            instance, WorkspaceFileTarget(paths=[str(workspace)])) as process:
+            instance, WorkspaceFileTarget(paths=[str(teams_only)])) as process:
         request = process.create_request_context()
         errors = {name: entry.load_error for name, entry in request.get_code_location_entries().items()
                   if entry.load_error}
