@@ -6,12 +6,14 @@ converted to canonical types (``validated_arrays``) and appended to the Parquet 
 group. Only ids (for the uniqueness rule across chunks) and the suite's key columns are kept
 for the whole source.
 
-The Parquet copy holds the id column (when the pipeline has one), the label column (class names
-as text) and ``features``: one fixed-size list of float32 per row, the pipeline's feature
-columns in their declared order (their names are in the file's metadata,
-``model_factory.feature_columns``). One column instead of hundreds keeps the file's footer,
-which a writer holds in memory until it closes, at a few hundred bytes per row group, and
-reads back as one array without per-column conversion.
+The Parquet copy holds the id column (when the pipeline has one), the targets and ``features``:
+one fixed-size list of float32 per row, the pipeline's feature columns in their declared order
+(their names are in the file's metadata, ``model_factory.feature_columns``). Targets by task:
+the label column as text (classification: class names) or float64 (regression), or
+``targets``, one fixed-size list of uint8 0/1 per row (multilabel: the label columns in their
+declared order, named in ``model_factory.target_columns``). One column instead of hundreds
+keeps the file's footer, which a writer holds in memory until it closes, at a few hundred bytes
+per row group, and reads back as one array without per-column conversion.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from assets.prefetch import prefetched
 from assets.quality import QualityReport
 from assets.quality.chunked import ChunkedRawSuite
 from assets.source import SourceError, validated_arrays
-from core.spec import RAW_FEATURES_COLUMN, PipelineSpec
+from core.spec import RAW_FEATURES_COLUMN, RAW_TARGETS_COLUMN, PipelineSpec
 
 
 def dataset_prefix(dataset: str) -> str:
@@ -52,7 +54,8 @@ def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[A
     """Validate the chunks and write the accepted rows to ``out``. A chunk the platform's rules
     refuse stops the writing, but every chunk still goes through the suite so the report is whole.
     ``suite=None`` applies the platform's rules alone (benchmarks use it to time the data path)."""
-    checker = ChunkedRawSuite(asset, suite, spec.feature_columns, spec.label_column) if suite is not None else None
+    checker = ChunkedRawSuite(asset, suite, spec.feature_columns, spec.label_column, task=spec.task,
+                              label_columns=spec.label_columns) if suite is not None else None
     writer = _ParquetAppender(out, spec)
     error: str | None = None
     ids: list[np.ndarray] = []
@@ -66,13 +69,13 @@ def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[A
                 checker.add(chunk)
             if error is None and len(chunk):
                 try:
-                    features, labels, chunk_ids = validated_arrays(spec, chunk)
+                    features, targets, chunk_ids = validated_arrays(spec, chunk)
                 except SourceError as exc:
                     error = str(exc)
                     continue
                 if spec.id_column:
                     ids.append(chunk_ids.astype(str))
-                writer.append(features, labels, chunk_ids)
+                writer.append(features, targets, chunk_ids)
     finally:
         writer.close()
     if error is None and rows == 0:
@@ -96,12 +99,31 @@ def _duplicate_ids(spec: PipelineSpec, parts: list[np.ndarray]) -> str | None:
 
 
 FEATURES = RAW_FEATURES_COLUMN
+TARGETS = RAW_TARGETS_COLUMN
 FEATURE_COLUMNS_KEY = b"model_factory.feature_columns"
+TARGET_COLUMNS_KEY = b"model_factory.target_columns"
+
+
+def _target_column(spec: PipelineSpec) -> str:
+    """The raw copy's column of targets: the label column, or ``targets`` for a multi-label table."""
+    return TARGETS if spec.task == "multilabel" else spec.label_column
+
+
+def _target_type(spec: PipelineSpec):
+    """The Arrow type of that column: class names as text, regression targets as float64, a
+    multi-label row as a fixed-size list of uint8."""
+    import pyarrow as pa
+
+    if spec.task == "regression":
+        return pa.float64()
+    if spec.task == "multilabel":
+        return pa.list_(pa.uint8(), len(spec.label_columns))
+    return pa.string()
 
 
 class _ParquetAppender:
     """Row groups appended to one Parquet file in the layout above. Dictionary encoding only for
-    labels (on ids and floats it costs time and saves nothing); LZ4 rather than the default
+    class labels (on ids and floats it costs time and saves nothing); LZ4 rather than the default
     Snappy: on 12 MB of float32 features it wrote in 0.048 s against 0.102 s, read back in 0.039 s
     against 0.057 s."""
 
@@ -111,22 +133,30 @@ class _ParquetAppender:
         import pyarrow as pa
 
         self.path, self.spec, self._writer = path, spec, None
+        self._target_type = _target_type(spec)
         fields = [pa.field(spec.id_column, pa.string())] if spec.id_column else []
-        fields += [pa.field(spec.label_column, pa.string()),
+        fields += [pa.field(_target_column(spec), self._target_type),
                    pa.field(FEATURES, pa.list_(pa.float32(), len(spec.feature_columns)))]
-        self._schema = pa.schema(fields, metadata={FEATURE_COLUMNS_KEY: json.dumps(list(spec.feature_columns))})
+        metadata = {FEATURE_COLUMNS_KEY: json.dumps(list(spec.feature_columns))}
+        if spec.task == "multilabel":
+            metadata[TARGET_COLUMNS_KEY] = json.dumps(list(spec.label_columns))
+        self._schema = pa.schema(fields, metadata=metadata)
 
-    def append(self, features: np.ndarray, labels: np.ndarray, ids: np.ndarray | None) -> None:
+    def append(self, features: np.ndarray, targets: np.ndarray, ids: np.ndarray | None) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         width = len(self.spec.feature_columns)
         columns = [pa.array(ids, pa.string())] if self.spec.id_column else []
-        columns += [pa.array(labels, pa.string()),
-                    pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(features).reshape(-1)), width)]
+        if self.spec.task == "multilabel":
+            flat = pa.array(np.ascontiguousarray(targets, dtype=np.uint8).reshape(-1))
+            columns.append(pa.FixedSizeListArray.from_arrays(flat, len(self.spec.label_columns)))
+        else:
+            columns.append(pa.array(targets, self._target_type))
+        columns.append(pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(features).reshape(-1)), width))
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self.path, self._schema, use_dictionary=[self.spec.label_column],
-                                            compression="lz4")
+            dictionary = [self.spec.label_column] if self.spec.task == "classification" else False
+            self._writer = pq.ParquetWriter(self.path, self._schema, use_dictionary=dictionary, compression="lz4")
         self._writer.write_table(pa.Table.from_arrays(columns, schema=self._schema))
 
     def close(self) -> None:
@@ -135,8 +165,9 @@ class _ParquetAppender:
 
 
 def iter_raw_arrays(spec: PipelineSpec, path: Path, rows: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """The raw Parquet copy in batches of ``rows``: (features float32, label texts, ids or None),
-    decoded one batch ahead on another thread."""
+    """The raw Parquet copy in batches of ``rows``: (features float32, targets, ids or None),
+    decoded one batch ahead on another thread. Targets as ``source.validated_arrays`` gives them:
+    label texts, float64 regression targets, or uint8 0/1 rows of a multi-label table."""
     return prefetched(_raw_batches(spec, path, rows))
 
 
@@ -150,11 +181,29 @@ def _raw_batches(spec: PipelineSpec, path: Path, rows: int) -> Iterator[tuple[np
     if stored != list(spec.feature_columns):
         raise ValueError(f"the raw copy {path.name} holds features {stored}, not the pipeline's "
                          f"{list(spec.feature_columns)[:5]}...; re-materialise the raw dataset")
+    if spec.task == "multilabel":
+        stored_targets = json.loads((source.schema_arrow.metadata or {}).get(TARGET_COLUMNS_KEY, b"null"))
+        if stored_targets != list(spec.label_columns):
+            raise ValueError(f"the raw copy {path.name} holds label columns {stored_targets}, not the pipeline's "
+                             f"{list(spec.label_columns)}; re-materialise the raw dataset")
+    target_column = _target_column(spec)
+    if target_column not in source.schema_arrow.names or \
+            source.schema_arrow.field(target_column).type != _target_type(spec):
+        raise ValueError(f"the raw copy {path.name} has no column {target_column!r} of {_target_type(spec)} "
+                         f"holding the pipeline's {spec.task} targets; re-materialise the raw dataset")
     width = len(stored)
     for batch in source.iter_batches(batch_size=rows):
         features = batch.column(FEATURES).flatten().to_numpy().reshape(batch.num_rows, width)
-        yield (features, batch.column(spec.label_column).to_numpy(zero_copy_only=False).astype(str),
+        yield (features, _batch_targets(spec, batch.column(target_column), batch.num_rows),
                batch.column(spec.id_column).to_numpy(zero_copy_only=False).astype(str) if spec.id_column else None)
+
+
+def _batch_targets(spec: PipelineSpec, column, num_rows: int) -> np.ndarray:
+    if spec.task == "multilabel":
+        return column.flatten().to_numpy().reshape(num_rows, len(spec.label_columns))
+    if spec.task == "regression":
+        return column.to_numpy().astype(np.float64, copy=False)
+    return column.to_numpy(zero_copy_only=False).astype(str)
 
 
 def read_raw(spec: PipelineSpec, path: Path) -> pd.DataFrame:
@@ -163,7 +212,13 @@ def read_raw(spec: PipelineSpec, path: Path) -> pd.DataFrame:
     parts = list(iter_raw_arrays(spec, path, 1 << 16))
     features = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, len(spec.feature_columns)), np.float32)
     frame = pd.DataFrame(features, columns=list(spec.feature_columns))
-    frame[spec.label_column] = np.concatenate([p[1] for p in parts]) if parts else np.array([], dtype=str)
+    if spec.task == "multilabel":
+        targets = np.concatenate([p[1] for p in parts]) if parts else np.empty((0, len(spec.label_columns)), np.uint8)
+        for i, column in enumerate(spec.label_columns):
+            frame[column] = targets[:, i]
+    else:
+        empty = np.array([], dtype=np.float64 if spec.task == "regression" else str)
+        frame[spec.label_column] = np.concatenate([p[1] for p in parts]) if parts else empty
     if spec.id_column:
         frame[spec.id_column] = np.concatenate([p[2] for p in parts]) if parts else np.array([], dtype=str)
     return frame

@@ -15,7 +15,12 @@ import dagster as dg
 
 from assets import ingest, quality
 from assets.kinds import data_kind
-from assets.sharding import build_shards_from_chunks, sample_bytes
+from assets.sharding import (
+    build_shards_from_chunks,
+    build_target_shards_from_chunks,
+    sample_bytes,
+    target_sample_bytes,
+)
 from assets.typed_data import build_typed_data_assets
 from assets.source import SourceError, file_sha256, iter_frame_chunks, iter_source_chunks, resolve_source_files
 from core.datasets import plan_dataset_version, tag_published_dataset, validation_report_path
@@ -107,11 +112,7 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             rows = spec.chunk_rows
             chunks = ingest.iter_raw_arrays(spec, raw_file, rows)
             try:
-                manifest = build_shards_from_chunks(
-                    chunks, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
-                    class_names=spec.class_names, id_column=spec.id_column, feature_shape=spec.shape,
-                    seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test),
-                    samples_per_shard=spec.split.shard_samples(sample_bytes(spec.shape)), block_rows=rows)
+                manifest = _shard_table(spec, chunks, out, rows)
             except ValueError as exc:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc
@@ -119,8 +120,9 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             manifest["location"] = spec.location  # whose dataset this is, for other locations reading it
             _replace_prefix(s, branch, prefix, out, manifest)
         # Check what the store holds now, read back from the staged shard files.
-        report = quality.run_suite(f"{name}/shards", spec.expectations.shards(spec),
-                                   quality.shard_tables(s, branch, prefix, manifest))
+        tables = quality.shard_tables(s, branch, prefix, manifest)
+        report = quality.run_suite(f"{name}/shards", spec.expectations.shards(spec), tables).with_failure(
+            quality.untrained_labels(tables))
         commit_id = _commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
                                     raw_commit=raw["commit_id"])
         counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
@@ -136,6 +138,22 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         yield from _gate(context, report, keys["shards"], SHARDS_CHECK, commit_id, branch)
 
     return [raw_dataset, shards]
+
+
+def _shard_table(spec: PipelineSpec, chunks, out: Path, rows: int) -> dict:
+    """Classification tables keep shard format v1 (old model versions read them); regression and
+    multi-label tables are written in format v2 with a ``target`` column."""
+    split = dict(seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test))
+    if spec.task == "classification":
+        return build_shards_from_chunks(
+            chunks, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
+            class_names=spec.class_names, id_column=spec.id_column, feature_shape=spec.shape,
+            samples_per_shard=spec.split.shard_samples(sample_bytes(spec.shape)), block_rows=rows, **split)
+    targets = spec.target_columns
+    return build_target_shards_from_chunks(
+        chunks, out_dir=out, task=spec.task, feature_columns=spec.feature_columns, target_names=targets,
+        id_column=spec.id_column, feature_shape=spec.shape, target_range=spec.target_range, block_rows=rows,
+        samples_per_shard=spec.split.shard_samples(target_sample_bytes(spec.shape, len(targets))), **split)
 
 
 def _model_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:

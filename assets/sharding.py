@@ -1,9 +1,14 @@
 """Pure logic of the shards asset: a seeded split that is stable as data grows, normalisation
 fitted on the training split, fixed-size binary shards and their manifest.
 
-Shard file layout (little-endian, nothing else in the file): all features of the shard's samples
-(num_samples x prod(feature_shape) float32, C order), then all labels (num_samples int64). Readers
-memory-map the file and slice whole batches without decoding sample by sample.
+Classification tables keep shard format v1 (old model versions read them): all features of the
+shard's samples (num_samples x prod(feature_shape) float32, C order), then all labels
+(num_samples int64), little-endian, nothing else in the file. Readers memory-map the file and
+slice whole batches without decoding sample by sample.
+
+Regression and multi-label tables use shard format v2 (``training_runtime.shard_format``):
+columns ``features`` (float32, feature_shape), ``target`` (float32: a scalar in the source's
+units, or k 0/1 values) and ``id`` (str). Same split, same normalisation of the features.
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from training_runtime.shard_format import FORMAT_V2, Column, ShardWriter
+
 MANIFEST_FORMAT = "model-factory.shards/v1"
 SPLITS = ("train", "validation", "test")
+ID_BYTES_ESTIMATE = 24  # a typical id's UTF-8 bytes and its 8-byte offset, for sizing v2 shards in bytes
 
 
 def assign_splits(ids: pd.Series, seed: int, fractions: tuple[float, float, float]) -> np.ndarray:
@@ -83,6 +91,12 @@ class Normalisation:
 def sample_bytes(feature_shape: tuple[int, ...]) -> int:
     """Bytes one sample takes in a shard: float32 features and an int64 label."""
     return int(np.prod(feature_shape)) * 4 + 8
+
+
+def target_sample_bytes(feature_shape: tuple[int, ...], target_width: int) -> int:
+    """Bytes one sample of a v2 table shard takes, about: float32 features, ``target_width``
+    float32 targets and its id."""
+    return int(np.prod(feature_shape)) * 4 + 4 * target_width + ID_BYTES_ESTIMATE
 
 
 def encode_shard(features: np.ndarray, labels: np.ndarray) -> bytes:
@@ -185,12 +199,8 @@ def build_shards_from_chunks(
         ids = np.concatenate(ids_parts) if ids_parts else np.array([], dtype=str)
         labels = np.concatenate(label_parts) if label_parts else np.array([], dtype=np.int64)
         del ids_parts, label_parts
-        order = np.argsort(ids, kind="stable")
-        split_of = assign_splits(pd.Series(ids[order]), seed, fractions)
+        order, split_of = _split_rows(ids, seed, fractions)
         del ids
-        for code, split in enumerate(SPLITS):
-            if not (split_of == code).any():
-                raise ValueError(f"the {split} split is empty ({n} rows in all): add data or change the split fractions")
         features = np.memmap(scratch, dtype=np.float32, mode="r", shape=(n, dim))
         norm = Normalisation.fit_rows(features, order[split_of == 0], block_rows)
         splits = {}
@@ -205,6 +215,7 @@ def build_shards_from_chunks(
         scratch.unlink(missing_ok=True)
     return {
         "format": MANIFEST_FORMAT,
+        "feature_columns": list(feature_columns),
         "feature_shape": list(feature_shape),
         "feature_dtype": "float32",
         "label_dtype": "int64",
@@ -217,8 +228,143 @@ def build_shards_from_chunks(
     }
 
 
+def _split_rows(ids: np.ndarray, seed: int, fractions: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(row positions sorted by id, split code of each of them); refuses an empty split."""
+    order = np.argsort(ids, kind="stable")
+    split_of = assign_splits(pd.Series(ids[order]), seed, fractions)
+    for code, split in enumerate(SPLITS):
+        if not (split_of == code).any():
+            raise ValueError(f"the {split} split is empty ({len(ids)} rows in all): add data or change the split "
+                             "fractions")
+    return order, split_of
+
+
 def _content_ids(features: np.ndarray, texts: np.ndarray, feature_columns, label_column: str) -> np.ndarray:
     """A row's id when the source has none: a hash of its features and label."""
     frame = pd.DataFrame(features, columns=list(feature_columns))
     frame[label_column] = pd.Series(texts, dtype=str).to_numpy()
+    return pd.util.hash_pandas_object(frame, index=False).astype(str).to_numpy()
+
+
+TARGET_TASKS = ("regression", "multilabel")
+
+
+def target_columns(task: str, feature_shape: tuple[int, ...], num_targets: int) -> list[Column]:
+    """The v2 columns of a regression (one target) or multi-label (``num_targets`` 0/1) table."""
+    if task not in TARGET_TASKS:
+        raise ValueError(f"task {task!r} has no v2 table shards; use one of {TARGET_TASKS}")
+    shape = () if task == "regression" else (num_targets,)
+    return [Column("features", "ndarray", role="input", dtype="float32", shape=tuple(feature_shape)),
+            Column("target", "ndarray", role="target", dtype="float32", shape=shape),
+            Column("id", "str", role="id")]
+
+
+def build_target_shards_from_chunks(
+    chunks: Iterable[Chunk],
+    *,
+    out_dir: Path,
+    task: str,
+    feature_columns: tuple[str, ...],
+    target_names: tuple[str, ...],
+    id_column: str | None,
+    feature_shape: tuple[int, ...],
+    seed: int,
+    fractions: tuple[float, float, float],
+    samples_per_shard: int,
+    block_rows: int = 8192,
+    target_range: tuple[float, float] | None = None,
+) -> dict:
+    """``build_shards_from_chunks`` for regression and multi-label tables, in shard format v2.
+
+    ``chunks`` hold (features, targets, ids or None): targets are one number per row (regression;
+    ``target_names`` is the label column) or rows of 0/1 (multilabel; ``target_names`` are the
+    label columns). Features and targets go to scratch files as they arrive and only ids stay in
+    memory; the split, the order by id and the normalisation of the features (fitted on the
+    training split) are those of v1. A shard is assembled in memory before it is written, so
+    memory holds one shard (``samples_per_shard`` samples) at a time. Regression targets are
+    stored in the source's units; the manifest's ``target_normalisation`` is the training
+    split's mean and standard deviation of them, for the trainer to apply.
+    """
+    columns = target_columns(task, feature_shape, len(target_names))
+    dim = int(np.prod(feature_shape))
+    width = 1 if task == "regression" else len(target_names)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scratch, target_scratch = out_dir / ".features.scratch", out_dir / ".targets.scratch"
+    try:
+        ids_parts, n = [], 0
+        with open(scratch, "wb") as f, open(target_scratch, "wb") as t:
+            for features, targets, ids in chunks:
+                rows = len(features)
+                features = np.ascontiguousarray(features, dtype=np.float32).reshape(rows, dim)
+                targets = np.asarray(targets).reshape(rows, width)
+                f.write(features.data)
+                t.write(np.ascontiguousarray(targets, dtype=np.float32).data)
+                ids_parts.append(ids.astype(str) if id_column else _target_content_ids(
+                    features, targets, feature_columns, target_names))
+                n += rows
+        ids = np.concatenate(ids_parts) if ids_parts else np.array([], dtype=str)
+        del ids_parts
+        order, split_of = _split_rows(ids, seed, fractions)
+        features = np.memmap(scratch, dtype=np.float32, mode="r", shape=(n, dim))
+        targets = np.memmap(target_scratch, dtype=np.float32, mode="r", shape=(n, width))
+        train_rows = order[split_of == 0]
+        norm = Normalisation.fit_rows(features, train_rows, block_rows)
+        writer = ShardWriter(columns)
+        splits = {}
+        for code, split in enumerate(SPLITS):
+            rows = order[split_of == code]
+            shards = []
+            for i, start in enumerate(range(0, len(rows), samples_per_shard)):
+                part = rows[start:start + samples_per_shard]
+                x = features[part]  # a copy, normalised in place (the same float32 arithmetic as apply)
+                x -= norm.mean
+                x /= norm.std
+                y = targets[part]
+                rel = f"{split}/{i:05d}.bin"
+                shards.append(writer.write(out_dir / rel, rel, {
+                    "features": x.reshape(len(part), *feature_shape),
+                    "target": y[:, 0] if task == "regression" else y,
+                    "id": ids[part].tolist()}))
+            splits[split] = {"num_samples": int(len(rows)), "shards": shards}
+        manifest = {
+            "format": FORMAT_V2,
+            "kind": "table",
+            "task": task,
+            "columns": [c.to_dict() for c in columns],
+            "feature_columns": list(feature_columns),
+            "feature_shape": list(feature_shape),
+            "samples_per_shard": samples_per_shard,
+            "normalisation": norm.to_dict(),
+            "split": {"seed": seed, "fractions": dict(zip(SPLITS, fractions)),
+                      "by": id_column or "row content hash"},
+            "splits": splits,
+        }
+        if task == "regression":
+            manifest["target_column"] = target_names[0]
+            manifest["target_normalisation"] = _target_normalisation(targets[train_rows, 0])
+            if target_range is not None:
+                manifest["target_range"] = [float(target_range[0]), float(target_range[1])]
+        else:
+            manifest["target_names"] = list(target_names)
+            manifest["num_classes"] = len(target_names)
+        del features, targets
+    finally:
+        scratch.unlink(missing_ok=True)
+        target_scratch.unlink(missing_ok=True)
+    return manifest
+
+
+def _target_normalisation(train_targets: np.ndarray) -> dict:
+    """Mean and standard deviation of the training split's regression targets (float64 over the
+    float32 values the shards hold); a constant target keeps std 1 so the trainer only centres it."""
+    y = np.asarray(train_targets, dtype=np.float64)
+    std = float(y.std())
+    return {"mean": float(y.mean()), "std": std if std >= 1e-12 else 1.0}
+
+
+def _target_content_ids(features: np.ndarray, targets: np.ndarray, feature_columns, target_names) -> np.ndarray:
+    """A row's id when the source has none: a hash of its features and targets."""
+    frame = pd.DataFrame(features, columns=list(feature_columns))
+    for i, name in enumerate(target_names):
+        frame[name] = targets[:, i]
     return pd.util.hash_pandas_object(frame, index=False).astype(str).to_numpy()

@@ -94,7 +94,9 @@ def load_frame(spec: PipelineSpec, sources_root: Path) -> tuple[pd.DataFrame, li
     return validate_frame(spec, frame), described
 
 
-Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (features float32 2-D, label texts, ids or None)
+# (features float32 2-D, targets, ids or None). Targets by task: label texts (classification),
+# float64 values (regression), uint8 0/1 of shape (rows, labels) (multilabel).
+Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
 
 
 def validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
@@ -102,9 +104,13 @@ def validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
     fast = _numeric_arrays(spec, frame)
     if fast is None:
         return _validate_frame(spec, frame)
-    features, labels, ids = fast
+    features, targets, ids = fast
     out = pd.DataFrame(features, columns=list(spec.feature_columns))
-    out[spec.label_column] = labels
+    if spec.task == "multilabel":
+        for i, column in enumerate(spec.label_columns):
+            out[column] = targets[:, i]
+    else:
+        out[spec.label_column] = targets
     if ids is not None:
         out[spec.id_column] = ids
     return out
@@ -117,7 +123,9 @@ def validated_arrays(spec: PipelineSpec, frame: pd.DataFrame) -> Arrays:
     if fast is not None:
         return fast
     out = _validate_frame(spec, frame)
-    return (out[list(spec.feature_columns)].to_numpy(dtype=np.float32), out[spec.label_column].to_numpy(),
+    targets = out[list(spec.label_columns)].to_numpy(dtype=np.uint8) if spec.task == "multilabel" \
+        else out[spec.label_column].to_numpy()
+    return (out[list(spec.feature_columns)].to_numpy(dtype=np.float32), targets,
             out[spec.id_column].to_numpy() if spec.id_column else None)
 
 
@@ -129,26 +137,53 @@ def _numeric_arrays(spec: PipelineSpec, frame: pd.DataFrame) -> Arrays | None:
     from pandas.api.types import is_numeric_dtype
 
     cols = list(spec.feature_columns)
-    wanted = cols + [spec.label_column] + ([spec.id_column] if spec.id_column else [])
+    wanted = cols + list(spec.target_columns) + ([spec.id_column] if spec.id_column else [])
     if len(frame) == 0 or any(c not in frame.columns for c in wanted) or \
             not all(is_numeric_dtype(frame[c].dtype) for c in cols):
         return None
     x = frame[cols].to_numpy(dtype=np.float64)
-    labels = frame[spec.label_column]
     ids = frame[spec.id_column] if spec.id_column else None
-    if not np.isfinite(x).all() or labels.isna().any() or \
-            (ids is not None and (ids.isna().any() or ids.duplicated().any())):
+    if not np.isfinite(x).all() or (ids is not None and (ids.isna().any() or ids.duplicated().any())):
+        return None
+    targets = _numeric_targets(spec, frame)
+    if targets is None:
+        return None
+    return x.astype(np.float32), targets, None if ids is None else ids.astype(str).to_numpy()
+
+
+def _numeric_targets(spec: PipelineSpec, frame: pd.DataFrame) -> np.ndarray | None:
+    """``_numeric_arrays``' targets, or None when a rule may refuse them (``_targets`` then says why)."""
+    from pandas.api.types import is_numeric_dtype
+
+    if spec.task == "regression":
+        column = frame[spec.label_column]
+        if not is_numeric_dtype(column.dtype):
+            return None
+        y = column.to_numpy(dtype=np.float64, na_value=np.nan)
+        if not np.isfinite(y).all() or (spec.target_range is not None and len(_outside(spec, y))):
+            return None
+        return y
+    if spec.task == "multilabel":
+        cols = list(spec.label_columns)
+        if not all(is_numeric_dtype(frame[c].dtype) for c in cols):
+            return None
+        y = frame[cols].to_numpy(dtype=np.float64, na_value=np.nan)
+        if not ((y == 0) | (y == 1)).all():
+            return None
+        return y.astype(np.uint8)
+    labels = frame[spec.label_column]
+    if labels.isna().any():
         return None
     text = labels.map(_label_text).astype(str)
     if not set(text.unique()) <= set(spec.class_names):
         return None
-    return x.astype(np.float32), text.to_numpy(), None if ids is None else ids.astype(str).to_numpy()
+    return text.to_numpy()
 
 
 def _validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
     if len(frame) == 0:
         raise SourceError(f"pipeline {spec.name!r}: the source has no rows (header only or empty)")
-    wanted = list(spec.feature_columns) + [spec.label_column] + ([spec.id_column] if spec.id_column else [])
+    wanted = list(spec.feature_columns) + list(spec.target_columns) + ([spec.id_column] if spec.id_column else [])
     missing = [c for c in wanted if c not in frame.columns]
     if missing:
         shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
@@ -175,17 +210,13 @@ def _validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
             f"pipeline {spec.name!r}: feature column(s) {cols[:5]} hold missing, NaN or infinite values"
         )
     out[list(spec.feature_columns)] = numeric.astype(np.float32)
-    labels = out[spec.label_column]
-    if labels.isna().any():
-        raise SourceError(f"pipeline {spec.name!r}: label column {spec.label_column!r} has missing values")
-    labels = labels.map(_label_text)
-    unknown = sorted(set(labels) - set(spec.class_names))
-    if unknown:
-        raise SourceError(
-            f"pipeline {spec.name!r}: label(s) {unknown[:5]} in column {spec.label_column!r} are outside the known "
-            f"classes {list(spec.class_names)}; fix the data or add the class to the pipeline"
-        )
-    out[spec.label_column] = labels.astype(str)
+    if spec.task == "regression":
+        out[spec.label_column] = _regression_targets(spec, out)
+    elif spec.task == "multilabel":
+        for column, values in _multilabel_targets(spec, out).items():
+            out[column] = values
+    else:
+        out[spec.label_column] = _class_labels(spec, out[spec.label_column])
     if spec.id_column:
         if out[spec.id_column].isna().any():
             raise SourceError(f"pipeline {spec.name!r}: id column {spec.id_column!r} has missing values")
@@ -197,6 +228,92 @@ def _validate_frame(spec: PipelineSpec, frame: pd.DataFrame) -> pd.DataFrame:
             )
         out[spec.id_column] = out[spec.id_column].astype(str)
     return out.reset_index(drop=True)
+
+
+def _class_labels(spec: PipelineSpec, labels: pd.Series) -> pd.Series:
+    if labels.isna().any():
+        raise SourceError(f"pipeline {spec.name!r}: label column {spec.label_column!r} has missing values")
+    labels = labels.map(_label_text)
+    unknown = sorted(set(labels) - set(spec.class_names))
+    if unknown:
+        raise SourceError(
+            f"pipeline {spec.name!r}: label(s) {unknown[:5]} in column {spec.label_column!r} are outside the known "
+            f"classes {list(spec.class_names)}; fix the data or add the class to the pipeline"
+        )
+    return labels.astype(str)
+
+
+def _regression_targets(spec: PipelineSpec, frame: pd.DataFrame) -> np.ndarray:
+    """The label column as float64; refuses text, missing, NaN and infinite values, and values
+    outside the declared ``target_range``."""
+    column = spec.label_column
+    raw = frame[column]
+    numbers = pd.to_numeric(raw, errors="coerce")
+    text = numbers.isna() & raw.notna() & ~raw.map(_is_nan)
+    if text.any():
+        raise SourceError(f"pipeline {spec.name!r}: label column {column!r} holds {int(text.sum())} non-numeric "
+                          f"value(s), e.g. {_shown(raw[text].iloc[0])}{_where(spec, frame, text)}; regression "
+                          "targets must be numbers")
+    y = numbers.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(y)
+    if bad.any():
+        raise SourceError(f"pipeline {spec.name!r}: label column {column!r} holds {int(bad.sum())} missing, NaN or "
+                          f"infinite value(s){_where(spec, frame, bad)}; regression targets must be finite numbers: "
+                          "fix or drop those rows")
+    outside = _outside(spec, y)
+    if len(outside):
+        low, high = spec.target_range
+        raise SourceError(f"pipeline {spec.name!r}: label column {column!r} holds {len(outside)} value(s) outside "
+                          f"target_range [{low:g}, {high:g}], e.g. {y[outside[0]]:g}"
+                          f"{_where(spec, frame, outside)}; fix the data or widen the pipeline's target_range")
+    return y
+
+
+def _outside(spec: PipelineSpec, y: np.ndarray) -> np.ndarray:
+    """Positions of targets outside the declared (inclusive) ``target_range``."""
+    if spec.target_range is None:
+        return np.array([], dtype=np.int64)
+    low, high = spec.target_range
+    return np.flatnonzero((y < low) | (y > high))
+
+
+def _multilabel_targets(spec: PipelineSpec, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Each label column as uint8 0/1; refuses missing values and anything but 0 and 1 (True and
+    False count as 1 and 0), naming every column that breaks the rule."""
+    problems, out = [], {}
+    for column in spec.label_columns:
+        raw = frame[column]
+        numbers = pd.to_numeric(raw, errors="coerce").astype(np.float64)
+        missing = raw.isna().to_numpy() | raw.map(_is_nan).to_numpy()
+        wrong = ~missing & ~numbers.isin([0.0, 1.0]).to_numpy()
+        if missing.any():
+            problems.append(f"label column {column!r} has {int(missing.sum())} missing value(s)"
+                            f"{_where(spec, frame, missing)}")
+        if wrong.any():
+            problems.append(f"label column {column!r} holds {int(wrong.sum())} value(s) other than 0 and 1, e.g. "
+                            f"{_shown(raw[wrong].iloc[0])}{_where(spec, frame, wrong)}")
+        out[column] = numbers.fillna(0).to_numpy().astype(np.uint8)
+    if problems:
+        raise SourceError(f"pipeline {spec.name!r}: " + "; ".join(problems) + "; a multi-label column holds 0 or 1 "
+                          "(or True/False) in every row")
+    return out
+
+
+def _where(spec: PipelineSpec, frame: pd.DataFrame, rows: np.ndarray) -> str:
+    """`` (id 'x')`` naming the first of the given rows (a mask or positions), when the source has ids."""
+    if not spec.id_column or spec.id_column not in frame.columns:
+        return ""
+    positions = np.flatnonzero(rows) if rows.dtype == bool else rows
+    return f" (id {str(frame[spec.id_column].iloc[int(positions[0])])!r})" if len(positions) else ""
+
+
+def _shown(value) -> str:
+    """A source value as a message shows it: 2, not np.int64(2)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _is_nan(v) -> bool:
+    return isinstance(v, (float, np.floating)) and v != v
 
 
 def _label_text(v) -> str:

@@ -1,6 +1,7 @@
 """The benchmark harness: ``python -m benchmarks.run [--size tiny|full] [--only NAME]``.
 
-Runs the seven figures of issue 8, each as a ratio measured side by side in this one run
+Runs the seven figures of issue 8 and the image ingest rows 8c/8d (benchmarks/image_ingest.py),
+each as a ratio measured side by side in this one run
 (repetitions interleaved, medians reported); ``--only gather``, ``--only image_loader`` and
 ``--only token_loader`` run figures that are left out by default (the v1 gather re-run, and the
 typed-column loaders of shard format v2: benchmarks/typed_loaders.py), writes ``results.json`` and the results table of
@@ -32,14 +33,17 @@ SIZES = {
              "pre_rows": 2000, "pre_dim": 64, "ckpt_hidden": 256, "ckpt_reps": 1, "scale_steps": 4,
              "scale_rows": 1200, "over_rows": 1500, "over_target_s": 1.0, "growth_rows": 300,
              "growth_samples": 512, "limit_mb": 64, "chunk_mb": 0.5, "timeout": 300,
-             "images": 1024, "token_windows": 16384, "typed_seconds": 1.5, "typed_reps": 3},
+             "images": 1024, "token_windows": 16384, "typed_seconds": 1.5, "typed_reps": 3,
+             "image_folder": 192},
     "full": {"reps": 3, "loader_seconds": 2.0, "rows_4k": 17000, "rows_192k": 1420, "stall_seconds": 4.0,
              "pre_rows": 12000, "pre_dim": 256, "ckpt_hidden": 2048, "ckpt_reps": 5, "scale_steps": 40,
              "scale_rows": 20000, "over_rows": 20000, "over_target_s": 70.0, "growth_rows": 2000,
              "growth_samples": 4096, "limit_mb": 64, "chunk_mb": 2.0, "timeout": 900,
-             "images": 4096, "token_windows": 131072, "typed_seconds": 3.0, "typed_reps": 3},
+             "images": 4096, "token_windows": 131072, "typed_seconds": 3.0, "typed_reps": 3,
+             "image_folder": 4096},  # 8c's JPEGs; 8d ingests 1/16, 1/4 and all of them
 }
-BENCHMARKS = ("loaders", "stall", "preprocess", "checkpoint", "scaling", "overhead", "growth")
+BENCHMARKS = ("loaders", "stall", "preprocess", "checkpoint", "scaling", "overhead", "growth", "image_preprocess",
+              "image_memory")
 EXTRA = ("gather", "image_loader", "token_loader")  # run only when named with --only
 IMAGE_PEERS = ("streaming", "webdataset")
 PEERS = ("streaming", "webdataset", "pandas")
@@ -197,6 +201,52 @@ def bench_token_loader(ctx: Ctx) -> dict:
     if "memmap" in med:
         out["vs_memory_read_limit"] = {k: v / med["memmap"] for k, v in med.items()}
     return out
+
+
+# ---------------------------------------------------------------- 8c/8d. image ingest
+IMAGE_GROWTH = (1, 4, 16)  # 8d: the folder's size, as a share of 16 (every 16th, 4th, every file)
+
+
+def _image_folder(ctx: Ctx) -> tuple[Path, dict]:
+    """The JPEG folder of 8c and 8d, and its raw copy, written once."""
+    n = ctx.p["image_folder"]
+    data = ctx.data / f"image_folder_96_{n}"
+    return data, run_json([ctx.py, "-m", "benchmarks.image_ingest", "write", "--data", str(data), "--images", str(n)],
+                          timeout=ctx.p["timeout"])
+
+
+def bench_image_preprocess(ctx: Ctx) -> dict:
+    """The shards asset's image path against a plain Pillow script in a process pool, on the same
+    JPEGs with as many processes (os.cpu_count(), the platform's default); and the platform's
+    path once more with its pool's forkserver already running, which tells its start-up apart."""
+    data, written = _image_folder(ctx)
+    workers = os.cpu_count() or 1
+    runs: dict[str, list[dict]] = {}
+    for rep in range(ctx.p["reps"]):
+        for how in rotate(["platform", "platform_warm", "plain"], rep):
+            runs.setdefault(how, []).append(run_json(
+                [ctx.py, "-m", "benchmarks.image_ingest", "measure", "--how", how, "--data", str(data),
+                 "--workers", str(workers)], timeout=ctx.p["timeout"]))
+    ips = {k: median([r["images_per_s"] for r in v]) for k, v in runs.items()}
+    return {**written, "sample": "64x64x3 uint8", "workers": workers, "median_images_per_s": ips,
+            "platform_vs_plain": ips["platform"] / ips["plain"],
+            "platform_warm_vs_plain": ips["platform_warm"] / ips["plain"],
+            "forkserver_start_s": median([r["forkserver_start_s"] for r in runs["platform_warm"]]),
+            "same_pixels": len({r["digest"] for v in runs.values() for r in v}) == 1, "runs": runs}
+
+
+def bench_image_memory(ctx: Ctx) -> dict:
+    """Peak memory of the whole process tree of image ingest (raw_dataset's ingest, the shards
+    asset's sharding and checks) over 1x, 4x and 16x images, one child process per size."""
+    data, written = _image_folder(ctx)
+    sizes = {str(f): run_json([ctx.py, "-m", "benchmarks.image_ingest", "memory", "--data", str(data),
+                               "--stride", str(max(IMAGE_GROWTH) // f)], timeout=ctx.p["timeout"])
+             for f in IMAGE_GROWTH}
+    first, last = sizes[str(IMAGE_GROWTH[0])], sizes[str(IMAGE_GROWTH[-1])]
+    growth = {k: last[k] / first[k] for k in ("peak_tree_rss_bytes", "peak_tree_pss_bytes", "peak_tree_anon_bytes",
+                                               "main_max_rss_bytes")}
+    return {**written, "factors": list(IMAGE_GROWTH), "sizes": sizes, "growth_16x_vs_1x": growth,
+            "tree_rss_16x_vs_1x": growth["peak_tree_rss_bytes"]}
 
 
 # ---------------------------------------------------------------- 2. data stall
@@ -382,7 +432,8 @@ def bench_growth(ctx: Ctx) -> dict:
 
 RUNNERS = {"loaders": bench_loaders, "gather": bench_gather, "stall": bench_stall, "preprocess": bench_preprocess,
            "checkpoint": bench_checkpoint, "scaling": bench_scaling, "overhead": bench_overhead,
-           "growth": bench_growth, "image_loader": bench_image_loader, "token_loader": bench_token_loader}
+           "growth": bench_growth, "image_loader": bench_image_loader, "token_loader": bench_token_loader,
+           "image_preprocess": bench_image_preprocess, "image_memory": bench_image_memory}
 
 
 # ---------------------------------------------------------------- report
@@ -418,6 +469,35 @@ def _typed_rows(b: dict, add) -> None:
             None if ours is None else ours >= 0.5)
 
 
+def _image_ingest_rows(b: dict, add) -> None:
+    """Rows 8c and 8d, image ingest."""
+    e = b.get("image_preprocess")
+    if e and "error" not in e:
+        ips, r = e["median_images_per_s"], e["platform_vs_plain"]
+        add(f"8c. image preprocessing, {e['images']} JPEGs {e['side']}×{e['side']} "
+            f"(~{e['mean_jpeg_bytes'] / 1000:.0f} KB) → 64×64 RGB, {e['workers']} processes", f"platform {_f(r)}× a plain Pillow process pool",
+            f"platform (shard_images over the raw copy: decode, crop, resize, shards) {_f(ips['platform'], '{:,.0f}')}"
+            f" images/s; the same with its pool's forkserver already running {_f(ips['platform_warm'], '{:,.0f}')}"
+            f" images/s ({_f(e['platform_warm_vs_plain'])}×; starting that forkserver took "
+            f"{_f(e['forkserver_start_s'])} s); plain (ProcessPoolExecutor, Pillow, one .npy) "
+            f"{_f(ips['plain'], '{:,.0f}')} images/s; same pixels: {e['same_pixels']}", "≥ 0.8× plain script",
+            r >= 0.8)
+    e = b.get("image_memory")
+    if e and "error" not in e:
+        s, f = e["sizes"], [str(x) for x in e["factors"]]
+
+        def mb(key: str) -> str:
+            return "/".join(f"{s[x][key] / 2**20:.0f}" for x in f)
+        g = e["growth_16x_vs_1x"]
+        add(f"8d. image ingest memory (ingest + shard + checks), {'/'.join(str(s[x]['images']) for x in f)} JPEGs",
+            f"peak process-tree RSS {_f(g['peak_tree_rss_bytes'])}× from 1× to 16×",
+            f"peak MB of the tree (main, forkserver, workers): RSS {mb('peak_tree_rss_bytes')}; PSS "
+            f"{mb('peak_tree_pss_bytes')} ({_f(g['peak_tree_pss_bytes'])}×); anonymous {mb('peak_tree_anon_bytes')} "
+            f"({_f(g['peak_tree_anon_bytes'])}×); main process max RSS {mb('main_max_rss_bytes')}; s: "
+            + "/".join(f"{s[x]['ingest_s'] + s[x]['shard_s']:.1f}" for x in f),
+            "≤ 1.25× (flat)", g["peak_tree_rss_bytes"] <= 1.25)
+
+
 def table(results: dict) -> str:
     b = results["benchmarks"]
     rows = []
@@ -443,6 +523,7 @@ def table(results: dict) -> str:
                 side, "≥ 0.5× limit" + ("; ≥ 10× best peer" if label == "4KB" and key == "loaders" else ""),
                 None if ours is None else ours >= 0.5 and (label != "4KB" or e.get("ours_vs_best_peer", 99) >= 10))
     _typed_rows(b, add)
+    _image_ingest_rows(b, add)
     if "stall" in b and "error" not in b["stall"]:
         s = b["stall"]
         add("2. data stall (4 KB, batch 256)", f"{s['stall_share'] * 100:.2f} % of step time",

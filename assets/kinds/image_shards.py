@@ -68,12 +68,11 @@ class _OpenShard:
             self.flush()
 
     def _grow(self) -> None:
-        """Room for one more sample; doubling, so a shard sized for 64 MB costs 64 MB only when filled."""
-        n = len(self.ids)
-        if n == len(self.pixels):
-            grown = np.empty((min(self.max_samples, max(64, 2 * n)), *self.pixels.shape[1:]), np.uint8)
-            grown[:n] = self.pixels
-            self.pixels = grown
+        """Room for one more sample: the whole shard's buffer, allocated once when its first sample
+        arrives. Linux backs only the pages written, so a shard sized for 64 MB costs what it holds,
+        and there is no doubling that copies it and holds two copies at once (benchmarks/, row 8d)."""
+        if not len(self.pixels):
+            self.pixels = np.empty((self.max_samples, *self.pixels.shape[1:]), np.uint8)
 
     def flush(self) -> None:
         n = len(self.ids)

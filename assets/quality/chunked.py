@@ -5,18 +5,19 @@ Each expectation goes where its verdict can be computed:
 
 - **per chunk**: map expectations whose condition looks at one row at a time (not null, in set,
   between, regex, type ...) and schema checks (columns present, column count) run on every
-  chunk's ``rows`` and ``features`` tables. Map counts are summed over chunks and ``mostly``
-  applied to the sums, as Great Expectations does on one frame; a schema check must pass on
-  every chunk.
+  chunk's ``rows``, ``features`` and ``targets`` (a multi-label table's 0/1 cells) tables.
+  Map counts are summed over chunks and ``mostly`` applied to the sums, as Great Expectations
+  does on one frame; a schema check must pass on every chunk.
 - **once, on a key table**: every other expectation on ``rows`` (row counts, uniqueness,
   aggregates such as a column's mean) runs at the end on a table with one row per source row
   that holds only the columns those expectations name (ids, labels: tens of bytes a row).
   Compound uniqueness over many columns (e.g. all features) runs as uniqueness of a 64-bit hash
   of those columns per row, which holds the same rows as duplicates barring a hash collision.
-- ``classes`` has one row per label: it is built from counts at the end and validated whole.
+- ``classes`` has one row per label: it is built from counts at the end and validated whole
+  (classification: rows per class; multi-label: positive rows per label column; regression: empty).
 
-Whole-table expectations on ``features`` (one row per feature cell) are refused with a message:
-they would need every cell of the source at once.
+Whole-table expectations on ``features`` or ``targets`` (one row per cell) are refused with a
+message: they would need every cell of the source at once.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ import numpy as np
 import pandas as pd
 
 from assets.quality.runner import ExpectationOutcome, QualityReport, SuiteRunner, check_suite
-from assets.quality.tables import chunk_tables, classes_table, label_counts
+from assets.quality.tables import (
+    chunk_tables,
+    classes_table,
+    label_counts,
+    positive_counts,
+    positives_table,
+)
 
-RAW_TABLES = ("rows", "features", "classes")
+RAW_TABLES = ("rows", "features", "targets", "classes")
+_CELL_TABLES = ("features", "targets")  # one row per cell of a chunk
 # Map expectations whose verdict on a row depends on other rows.
 _WHOLE_TABLE_MAPS = {
     "expect_column_values_to_be_unique", "expect_compound_columns_to_be_unique",
@@ -111,17 +119,22 @@ class _Merged:
 
 
 class ChunkedRawSuite:
-    """Feed it the source chunk by chunk as parsed (``add``); ``finish`` gives the report."""
+    """Feed it the source chunk by chunk as parsed (``add``); ``finish`` gives the report.
+
+    ``task`` says what ``classes`` counts: rows per value of ``label_column`` (classification),
+    positive rows per column of ``label_columns`` (multilabel, whose cells also fill ``targets``),
+    or nothing (regression: counting distinct numbers would keep one entry per row)."""
 
     def __init__(self, asset: str, suite: Mapping[str, Sequence[Any]], feature_columns: Sequence[str],
-                 label_column: str):
+                 label_column: str, *, task: str = "classification", label_columns: Sequence[str] = ()):
         check_suite(asset, suite, RAW_TABLES)
         self.asset, self.feature_columns, self.label_column = asset, tuple(feature_columns), label_column
+        self.task, self.label_columns = task, tuple(label_columns) if task == "multilabel" else ()
         self.runner = SuiteRunner(asset)
         self.rows = 0
         self.counts = pd.Series(dtype="int64")
         self._order: list[tuple[str, int]] = []  # (table, index) in the suite's order
-        self._per_chunk: dict[str, list[tuple[int, _Merged]]] = {"rows": [], "features": []}
+        self._per_chunk: dict[str, list[tuple[int, _Merged]]] = {"rows": [], "features": [], "targets": []}
         self._whole: list[tuple[int, Any, Any]] = []  # (index, as written, as run)
         self._classes = list(suite.get("classes") or ())
         self._key_columns: list[str] = []
@@ -134,10 +147,10 @@ class ChunkedRawSuite:
                 where = placement(e)
                 if where != "whole":
                     self._per_chunk[table].append((i, _Merged(e, where)))
-                elif table == "features":
+                elif table in _CELL_TABLES:
                     raise ValueError(
-                        f"the raw suite for {asset}: {e.expectation_type} on table 'features' needs every feature "
-                        "cell of the source at once, and the source is read in chunks; use a per-row expectation "
+                        f"the raw suite for {asset}: {e.expectation_type} on table {table!r} needs every cell of "
+                        "the source at once, and the source is read in chunks; use a per-row expectation "
                         "(e.g. expect_column_values_to_be_between) or put it on a column of 'rows'")
                 else:
                     self._whole.append((i, e, self._key_expectation(e)))
@@ -157,7 +170,7 @@ class ChunkedRawSuite:
         return e
 
     def add(self, chunk: pd.DataFrame) -> None:
-        tables = chunk_tables(self.feature_columns, chunk)
+        tables = chunk_tables(self.feature_columns, chunk, self.label_columns)
         for table, merged in self._per_chunk.items():
             if merged:
                 results = self.runner.validate(table, [m.expectation for _, m in merged], tables[table])
@@ -171,7 +184,10 @@ class ChunkedRawSuite:
                 self._keys[name].append(
                     pd.util.hash_pandas_object(chunk[cols], index=False).to_numpy(np.uint64)
                     if name in self._hashes else chunk[name].to_numpy())
-        self.counts = self.counts.add(label_counts(self.label_column, chunk), fill_value=0).astype("int64")
+        if self.task == "multilabel":
+            self.counts = self.counts.add(positive_counts(self.label_columns, chunk), fill_value=0).astype("int64")
+        elif self.task != "regression":
+            self.counts = self.counts.add(label_counts(self.label_column, chunk), fill_value=0).astype("int64")
         self.rows += len(chunk)
 
     def key_table(self) -> pd.DataFrame:
@@ -181,6 +197,12 @@ class ChunkedRawSuite:
             if name not in self._absent:
                 frame[name] = np.concatenate(parts) if parts else np.array([], dtype=object)
         return frame
+
+    def classes_table(self) -> pd.DataFrame:
+        """The ``classes`` table of all chunks seen (see ``tables.raw_tables``)."""
+        if self.task == "multilabel":
+            return positives_table(self.counts, self.rows, self.label_columns)
+        return classes_table(self.counts, self.rows)
 
     def finish(self) -> QualityReport:
         done: dict[tuple[str, int], ExpectationOutcome] = {}
@@ -198,7 +220,7 @@ class ChunkedRawSuite:
                     outcome.kwargs = {"column_list": list(e.column_list), "mostly": e.mostly}
                 done[("rows", i)] = outcome
         if self._classes:
-            results = self.runner.validate("classes", self._classes, classes_table(self.counts, self.rows))
+            results = self.runner.validate("classes", self._classes, self.classes_table())
             for i, (outcome, _) in enumerate(results):
                 done[("classes", i)] = outcome
         return QualityReport(asset=self.asset, outcomes=[done[k] for k in self._order])

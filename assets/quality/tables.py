@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from assets.sharding import SPLITS, decode_shard
+from training_runtime.shard_format import FORMAT_V2, ShardColumns, columns_from_manifest
 
 
 def label_text(value) -> str:
@@ -17,26 +21,40 @@ def label_text(value) -> str:
     return str(value)
 
 
-def raw_tables(feature_columns, label_column: str, frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def raw_tables(feature_columns, label_column: str, frame: pd.DataFrame, *, task: str = "classification",
+               label_columns: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
     """``rows``: the source exactly as parsed; ``features``: every declared feature cell as a
     (column, value) row, so one expectation covers all feature columns and still names the column
-    that broke it; ``classes``: one row per label with its share."""
-    return {**chunk_tables(feature_columns, frame),
-            "classes": classes_table(label_counts(label_column, frame), len(frame))}
-
-
-def chunk_tables(feature_columns, frame: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """The ``rows`` and ``features`` tables of one frame (the whole source, or one chunk of it)."""
-    present = [c for c in feature_columns if c in frame.columns]
-    if present and len(frame):
-        features = frame[present].melt(var_name="column", value_name="value")
-        # one small code per cell instead of the column's name: the table has rows x columns rows
-        # (melt stacks whole columns in order, so the codes are known without hashing the names)
-        features["column"] = pd.Categorical.from_codes(
-            np.repeat(np.arange(len(present), dtype=np.int32), len(frame)), categories=present)
+    that broke it; ``targets``: the same for a multi-label table's 0/1 cells; ``classes``: one row
+    per class with its share (multi-label: per label, its positive rows; regression: empty)."""
+    tables = chunk_tables(feature_columns, frame, label_columns if task == "multilabel" else ())
+    if task == "multilabel":
+        tables["classes"] = positives_table(positive_counts(label_columns, frame), len(frame), label_columns)
+    elif task == "regression":
+        tables["classes"] = classes_table(pd.Series(dtype="int64"), len(frame))
     else:
-        features = pd.DataFrame({"column": pd.Series(dtype=str), "value": pd.Series(dtype="float64")})
-    return {"rows": frame, "features": features}
+        tables["classes"] = classes_table(label_counts(label_column, frame), len(frame))
+    return tables
+
+
+def chunk_tables(feature_columns, frame: pd.DataFrame, target_columns: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
+    """The ``rows``, ``features`` and ``targets`` tables of one frame (the whole source, or one chunk
+    of it); ``targets`` holds the cells of ``target_columns`` (a multi-label table's 0/1 columns)."""
+    return {"rows": frame, "features": long_table(feature_columns, frame, "float64"),
+            "targets": long_table(target_columns, frame, "int64")}
+
+
+def long_table(columns, frame: pd.DataFrame, empty_dtype: str) -> pd.DataFrame:
+    """Every cell of ``columns`` in ``frame`` as a (column, value) row."""
+    present = [c for c in columns if c in frame.columns]
+    if not (present and len(frame)):
+        return pd.DataFrame({"column": pd.Series(dtype=str), "value": pd.Series(dtype=empty_dtype)})
+    cells = frame[present].melt(var_name="column", value_name="value")
+    # one small code per cell instead of the column's name: the table has rows x columns rows
+    # (melt stacks whole columns in order, so the codes are known without hashing the names)
+    cells["column"] = pd.Categorical.from_codes(
+        np.repeat(np.arange(len(present), dtype=np.int32), len(frame)), categories=present)
+    return cells
 
 
 def label_counts(label_column: str, frame: pd.DataFrame) -> pd.Series:
@@ -44,6 +62,13 @@ def label_counts(label_column: str, frame: pd.DataFrame) -> pd.Series:
     if label_column not in frame.columns or not len(frame):
         return pd.Series(dtype="int64")
     return frame[label_column].dropna().map(label_text).value_counts()
+
+
+def positive_counts(label_columns: Sequence[str], frame: pd.DataFrame) -> pd.Series:
+    """Rows holding 1 in each multi-label column of ``frame`` (0 for a column it lacks)."""
+    counts = {c: int((pd.to_numeric(frame[c], errors="coerce") == 1).sum()) if c in frame.columns else 0
+              for c in label_columns}
+    return pd.Series(counts, dtype="int64")
 
 
 def classes_table(counts: pd.Series, rows: int) -> pd.DataFrame:
@@ -55,12 +80,24 @@ def classes_table(counts: pd.Series, rows: int) -> pd.DataFrame:
                          "share": counts.to_numpy() / rows})
 
 
+def positives_table(counts: pd.Series, rows: int, label_columns: Sequence[str]) -> pd.DataFrame:
+    """A multi-label table's ``classes``: one row per label column, absent ones included, with its
+    positive rows and their share. The name is also in ``column``, which reports of failed
+    expectations list, so a label never present is named."""
+    names = list(label_columns)
+    count = np.array([int(counts.get(c, 0)) for c in names], dtype=np.int64)
+    return pd.DataFrame({"label": names, "column": names, "count": count,
+                         "share": count / rows if rows else np.zeros(len(names))})
+
+
 def shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.DataFrame]:
-    """``samples``: one row per sample decoded from the shard files at ``ref`` (label, finiteness,
-    largest absolute normalised feature); ``splits``: counts and fractions per split."""
+    """The shards at ``ref`` read back: ``samples``, one row per sample (split, finiteness, largest
+    absolute normalised feature, and the target as the task has it); ``splits``: counts, fractions
+    and checksums per split; for multi-label shards ``labels``: positives per label."""
+    if manifest.get("format") == FORMAT_V2:
+        return _target_shard_tables(store, ref, prefix, manifest)
     shape = tuple(manifest["feature_shape"])
-    parts, split_rows = [], []
-    total = sum(s["num_samples"] for s in manifest["splits"].values())
+    parts, checksums = [], {}
     for split in SPLITS:
         info = manifest["splits"].get(split, {"num_samples": 0, "shards": []})
         checksums_ok = True
@@ -68,19 +105,93 @@ def shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.D
             data = store.get_object(ref, prefix + entry["path"])
             checksums_ok &= hashlib.sha256(data).hexdigest() == entry["sha256"]
             features, labels = decode_shard(data, entry["num_samples"], shape)
-            flat = features.reshape(len(labels), -1).astype(np.float64)
-            finite = np.isfinite(flat).all(axis=1)
-            with np.errstate(invalid="ignore"):
-                max_abs = np.where(finite, np.abs(np.nan_to_num(flat, posinf=0, neginf=0)).max(axis=1), np.inf)
-            parts.append(pd.DataFrame({"split": split, "label": labels.astype(np.int64), "finite": finite,
-                                       "max_abs": max_abs}))
-        expected = manifest["split"]["fractions"][split]
-        fraction = info["num_samples"] / total if total else 0.0
-        split_rows.append({"split": split, "num_samples": info["num_samples"], "fraction": fraction,
-                           "expected_fraction": expected, "fraction_error": abs(fraction - expected),
-                           "checksums_ok": bool(checksums_ok)})
+            parts.append(pd.DataFrame({"split": split, "label": labels.astype(np.int64),
+                                       **_feature_figures(features, len(labels))}))
+        checksums[split] = checksums_ok
     samples = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"split": pd.Series(dtype=str), "label": pd.Series(dtype="int64"), "finite": pd.Series(dtype=bool),
          "max_abs": pd.Series(dtype="float64")})
     samples["train_label"] = samples["label"].where(samples["split"] == "train")
-    return {"samples": samples, "splits": pd.DataFrame(split_rows)}
+    return {"samples": samples, "splits": _split_table(manifest, checksums)}
+
+
+def _feature_figures(features: np.ndarray, n: int) -> dict[str, np.ndarray]:
+    """Per sample: whether every feature is finite, and the largest absolute (finite) feature."""
+    flat = features.reshape(n, -1).astype(np.float64)
+    finite = np.isfinite(flat).all(axis=1)
+    with np.errstate(invalid="ignore"):
+        max_abs = np.where(finite, np.abs(np.nan_to_num(flat, posinf=0, neginf=0)).max(axis=1, initial=0.0), np.inf)
+    return {"finite": finite, "max_abs": max_abs}
+
+
+def _split_table(manifest: dict, checksums: dict[str, bool]) -> pd.DataFrame:
+    total = sum(s["num_samples"] for s in manifest["splits"].values())
+    rows = []
+    for split in SPLITS:
+        count = manifest["splits"].get(split, {"num_samples": 0})["num_samples"]
+        expected = manifest["split"]["fractions"][split]
+        fraction = count / total if total else 0.0
+        rows.append({"split": split, "num_samples": count, "fraction": fraction, "expected_fraction": expected,
+                     "fraction_error": abs(fraction - expected), "checksums_ok": bool(checksums[split])})
+    return pd.DataFrame(rows)
+
+
+def _target_shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.DataFrame]:
+    """``shard_tables`` of a v2 table (regression or multi-label targets). Each shard file is copied
+    from the store to a temporary file and read the way the trainer reads it
+    (``training_runtime.shard_format.ShardColumns``); one at a time, so memory holds one shard."""
+    columns = columns_from_manifest(manifest)
+    multilabel = manifest["task"] == "multilabel"
+    names = list(manifest.get("target_names") or [])
+    positives = {split: np.zeros(len(names), dtype=np.int64) for split in SPLITS}
+    parts, checksums = [], {}
+    with tempfile.TemporaryDirectory(prefix="shard-check-") as tmp:
+        for split in SPLITS:
+            info = manifest["splits"].get(split, {"num_samples": 0, "shards": []})
+            checksums_ok = True
+            for i, entry in enumerate(info["shards"]):
+                path = store.download(ref, prefix + entry["path"], Path(tmp) / f"{split}-{i:05d}.bin")
+                checksums_ok &= _sha256(path) == entry["sha256"]
+                shard = ShardColumns(path, entry, columns)
+                n = shard.num_samples
+                table = {"split": split, **_feature_figures(shard.arrays["features"], n)}
+                target = np.asarray(shard.arrays["target"], dtype=np.float64)
+                if multilabel:
+                    table["target_binary"] = ((target == 0) | (target == 1)).all(axis=1)
+                    positives[split] += (target == 1).sum(axis=0).astype(np.int64)
+                else:
+                    table["target"] = target
+                    table["target_finite"] = np.isfinite(target)
+                parts.append(pd.DataFrame(table))
+                del shard, target  # closes the memory map before the file goes
+                path.unlink()
+            checksums[split] = checksums_ok
+    samples = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        {"split": pd.Series(dtype=str), "finite": pd.Series(dtype=bool), "max_abs": pd.Series(dtype="float64")})
+    tables = {"samples": samples, "splits": _split_table(manifest, checksums)}
+    if multilabel:
+        tables["labels"] = pd.DataFrame({"column": names, "train_positives": positives["train"],
+                                         "positives": sum(positives.values())})
+    return tables
+
+
+def untrained_labels(tables: dict[str, pd.DataFrame]) -> str | None:
+    """In plain words, the multi-label columns with no positive row in the training split (a rule of
+    the platform, whatever the pipeline's suite says): a model cannot learn a label it never sees."""
+    labels = tables.get("labels")
+    if labels is None:
+        return None
+    absent = labels[labels["train_positives"] < 1]
+    if not len(absent):
+        return None
+    elsewhere = dict(zip(absent["column"], absent["positives"].astype(int).tolist()))
+    return (f"label column(s) {list(absent['column'])} hold no 1 in the train split (rows holding 1 in the other "
+            f"splits: {elsewhere}); add training rows where the label is 1, or drop it from the pipeline's labels")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

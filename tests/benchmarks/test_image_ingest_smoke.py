@@ -1,0 +1,40 @@
+"""Rows 8c and 8d (benchmarks/image_ingest.py) run end to end at the harness's tiny size and land
+in results.json and the table. It checks that the figures are produced and well formed, never
+how fast anything is or how much memory it takes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_tiny_image_ingest_rows(tmp_path: Path) -> None:
+    out, data = tmp_path / "out", tmp_path / "data"
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--size", "tiny", "--no-peers", "--only", "image_preprocess",
+         "--only", "image_memory", "--out", str(out), "--data-dir", str(data)],
+        cwd=REPO, capture_output=True, text=True, timeout=580)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())["benchmarks"]
+
+    pre = results["image_preprocess"]
+    assert set(pre["median_images_per_s"]) == {"platform", "platform_warm", "plain"}
+    assert all(r["images"] == pre["images"] == 192 for runs in pre["runs"].values() for r in runs)
+    assert pre["same_pixels"] is True  # the platform's samples are the plain script's, pixel for pixel
+    assert pre["platform_vs_plain"] > 0 and pre["platform_warm_vs_plain"] > 0 and pre["forkserver_start_s"] > 0
+
+    mem = results["image_memory"]
+    assert [mem["sizes"][str(f)]["images"] for f in mem["factors"]] == [12, 48, 192]
+    for size in mem["sizes"].values():
+        assert size["raw_passed"] and size["accepted"] == size["samples"] == size["images"]
+        assert size["peak_tree_rss_bytes"] >= size["peak_main_rss_bytes"] > 0 and size["max_processes"] >= 2
+    assert mem["tree_rss_16x_vs_1x"] > 0
+
+    table = (out / "BENCHMARKS.md").read_text()
+    assert "8c. image preprocessing, 192 JPEGs" in table and "same pixels: True" in table
+    assert "8d. image ingest memory" in table and "12/48/192 JPEGs" in table
