@@ -22,7 +22,9 @@ from .config import ConfigError, RunConfig
 from .distributed import close_distributed, init_distributed
 from .error_file import AtomicErrorHandler
 from .telemetry import LogReporter
+from .context import TrainingContext
 from .trainer import FaultInjection, Trainer
+from .user_loop import run_train_fn
 
 FAULT_ENV = "TRAINING_RUNTIME_FAULT_KILL_AT_STEP"
 
@@ -69,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         info = init_distributed()
         try:
             restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-            Trainer(cfg, info, reporter, fault, restart_count=restarts).run()
+            context = TrainingContext(cfg, info, reporter, restarts, fault)
+            if cfg.train_fn is not None:
+                run_train_fn(context)
+            else:
+                Trainer(cfg, info, reporter, fault, restart_count=restarts, context=context).run()
         finally:
             close_distributed()
     return 0

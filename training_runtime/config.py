@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SHARD_FORMAT = "model-factory.shards/v1"
-BUILTIN_MODELS = ("mlp", "cnn", "transformer")
+SHARD_FORMAT_V2 = "model-factory.shards/v2"
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "constant", "linear_warmup_cosine")
 SHARDINGS = ("ddp", "fsdp")
@@ -55,6 +55,14 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
+class AugmentConfig:
+    padding: int = _doc("Image random crop: zero pixels added on every side before a window of the "
+                        "stored size is cut at a seeded random place (0: no crop).", default=0)
+    hflip: bool = _doc("Image augmentation: mirror half of the samples, chosen by (seed, epoch, sample).",
+                       default=False)
+
+
+@dataclass(kw_only=True)
 class TrainConfig:
     epochs: int = _doc("Passes over the training split.", default=5)
     batch_size: int = _doc(
@@ -75,6 +83,7 @@ class TrainConfig:
     precision: str = _doc("'fp32' or 'bf16' (autocast; bf16 is meant for CUDA).", default="fp32")
     num_workers: int = _doc("Background loader threads gathering batches.", default=1)
     prefetch_batches: int = _doc("Batches prepared ahead of the training step.", default=4)
+    augment: AugmentConfig = _doc("Seeded image augmentation of the training split.", default_factory=AugmentConfig)
 
 
 @dataclass(kw_only=True)
@@ -86,6 +95,24 @@ class CheckpointConfig:
         "Copy state to host memory synchronously, write it in a background thread (without it, "
         "training waits until the checkpoint is published; its fsync runs in the background).", default=False
     )
+
+
+@dataclass(kw_only=True)
+class ValidationConfig:
+    every_steps: int | None = _doc(
+        "Evaluate the validation split every N optimizer steps (None: at the end of every epoch).", default=None)
+    metric: str | None = _doc(
+        "Validation metric that early stopping and keep_best watch, e.g. 'loss', 'accuracy', 'perplexity' "
+        "(None: the task's default).", default=None)
+    mode: str | None = _doc("'min' or 'max' for metric (None: the task's default for its default metric).",
+                            default=None)
+    patience: int | None = _doc(
+        "Stop after this many validations without improvement (None: no early stopping).", default=None)
+    min_delta: float = _doc("An improvement must beat the best value by more than this.", default=0.0)
+    keep_best: bool = _doc(
+        "The model written out (and evaluated, registered) is the one of the best validation, not the last.",
+        default=True)
+    enabled: bool = _doc("Validate during training at all (needs a 'validation' split).", default=True)
 
 
 @dataclass(kw_only=True)
@@ -103,6 +130,13 @@ class RunConfig:
     checkpoint: CheckpointConfig = _doc("Checkpointing settings.")
     output_dir: str = _doc("Absolute directory where rank 0 writes weights.pt, metrics.json, ...")
     telemetry: TelemetryConfig = _doc("Telemetry settings.", default_factory=TelemetryConfig)
+    task: str = _doc("What the model learns: 'classification', 'regression', 'multilabel', "
+                     "'language_modeling', or 'pkg.module:TaskClass'.", default="classification")
+    train_fn: str | None = _doc(
+        "'pkg.module:function' run on every rank with a TrainingContext instead of the built-in loop "
+        "(None: the built-in trainer).", default=None)
+    validation: ValidationConfig = _doc("Validation during training, early stopping and keep_best.",
+                                        default_factory=ValidationConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -115,13 +149,12 @@ class RunConfig:
 
     # ---------------------------------------------------------------- validation
     def validate(self) -> None:
-        m = self.model
-        _check_model_name(m.name)
-        if not isinstance(m.kwargs, dict):
-            raise ConfigError("model.kwargs must be an object of keyword arguments")
         validate_manifest(self.data.manifest, "data.manifest")
-        _check_model_builds(m, self.data.manifest)
-        _check_locations(self.data.manifest, self.data.locations, ["train"], "data.locations")
+        self.model_build()  # the task fits the data and the model builds for it
+        if self.train_fn is not None:
+            _check_import_path("train_fn", self.train_fn, "function")
+        self._validate_validation()
+        _check_locations(self.data.manifest, self.data.locations, self.splits_read(), "data.locations")
         t = self.train
         for name in ("epochs", "batch_size", "grad_accum_steps", "num_workers", "prefetch_batches"):
             if getattr(t, name) < 1:
@@ -154,6 +187,83 @@ class RunConfig:
             raise ConfigError(f"data.cache_dir must be an absolute path, got {self.data.cache_dir!r}")
         if self.telemetry.every_steps < 1:
             raise ConfigError(f"telemetry.every_steps must be >= 1, got {self.telemetry.every_steps}")
+        a = self.train.augment
+        if a.padding < 0:
+            raise ConfigError(f"train.augment.padding must be >= 0, got {a.padding}")
+        if (a.padding or a.hflip) and self.data_info().kind != "images":
+            raise ConfigError(f"train.augment applies to images; this data is {self.data_info().kind!r}: "
+                              "set padding 0 and hflip false")
+
+    def _validate_validation(self) -> None:
+        v = self.validation
+        if v.every_steps is not None and v.every_steps < 1:
+            raise ConfigError(f"validation.every_steps must be >= 1 or null, got {v.every_steps}")
+        if v.patience is not None and v.patience < 1:
+            raise ConfigError(f"validation.patience must be >= 1 or null, got {v.patience}")
+        if v.mode is not None and v.mode not in ("min", "max"):
+            raise ConfigError(f"validation.mode must be 'min', 'max' or null, got {v.mode!r}")
+        if v.min_delta < 0:
+            raise ConfigError(f"validation.min_delta must be >= 0, got {v.min_delta}")
+        if not v.enabled:
+            if v.patience is not None:
+                raise ConfigError("validation.patience needs validation.enabled: early stopping watches validation")
+            return
+        if "validation" not in self.data.manifest["splits"]:
+            raise ConfigError("validation.enabled needs a 'validation' split in data.manifest; set "
+                              "validation.enabled to false or re-shard with a validation fraction")
+        metric, _ = self.monitor()
+        names = self.task_object().metric_names
+        if metric not in names:
+            raise ConfigError(f"validation.metric {metric!r} is not a metric of task {self.task!r}; it has "
+                              f"{list(names)}")
+
+    # ---------------------------------------------------------------- derived
+    def splits_read(self) -> list[str]:
+        """Manifest splits the training run reads."""
+        return ["train", "validation"] if self.validation.enabled else ["train"]
+
+    def data_info(self):
+        from .data_info import DataInfo, DataInfoError
+
+        try:
+            return DataInfo.from_manifest(self.data.manifest)
+        except (DataInfoError, KeyError) as e:
+            raise ConfigError(f"data.manifest cannot be trained on: {e}") from e
+
+    def task_object(self):
+        from .tasks import resolve_task
+
+        try:
+            return resolve_task(self.task, self.data_info())
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+
+    def monitor(self) -> tuple[str, str]:
+        """(validation metric, 'min' or 'max') that early stopping and keep_best watch."""
+        task = self.task_object()
+        metric = self.validation.metric or task.monitor[0]
+        if self.validation.mode is not None:
+            return metric, self.validation.mode
+        if metric == task.monitor[0]:
+            return metric, task.monitor[1]
+        return metric, "min" if metric in ("loss", "mse", "mae", "perplexity") else "max"
+
+    def model_build(self):
+        """The ModelBuild (factory, input shape, outputs, data kwargs) for this run's data and task."""
+        from .build import check_builds, model_build
+
+        m = self.model
+        _check_model_name(m.name)
+        if not isinstance(m.kwargs, dict):
+            raise ConfigError("model.kwargs must be an object of keyword arguments")
+        task = self.task_object()
+        build = model_build(m.name, m.kwargs, self.data_info(), task.num_outputs())
+        try:
+            check_builds(build)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"model {m.name!r} cannot be built with model.kwargs {m.kwargs} for input shape "
+                              f"{build.input_shape} and {build.num_outputs} outputs (task {task.name!r}): {e}") from e
+        return build
 
     def validate_world_size(self, world_size: int) -> None:
         """Fail before training when the run cannot be split over ``world_size`` ranks."""
@@ -185,6 +295,8 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _check_model_name(name: str) -> None:
+    from .model_names import BUILTIN_MODELS
+
     if name in BUILTIN_MODELS:
         return
     if ":" not in name:
@@ -192,43 +304,32 @@ def _check_model_name(name: str) -> None:
             f"model.name {name!r} is unknown; use one of {list(BUILTIN_MODELS)} or an import path "
             "'pkg.module:factory'"
         )
-    module, _, attr = name.partition(":")
+    _check_import_path("model.name", name, "factory")
+
+
+def _check_import_path(field_name: str, path: str, what: str) -> None:
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"{field_name} {path!r} must look like 'package.module:{what}'")
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"model.name {name!r}: cannot import module {module!r} ({e}); "
+        raise ConfigError(f"{field_name} {path!r}: cannot import module {module!r} ({e}); "
                           "check the import path and that the package is installed") from e
     if not callable(getattr(mod, attr, None)):
-        raise ConfigError(f"model.name {name!r}: module {module!r} has no callable {attr!r}")
-
-
-def _check_model_builds(m: ModelConfig, manifest: dict) -> None:
-    """Built-in models are built on the meta device (no memory, no init) so wrong kwargs or a
-    feature shape the model cannot take fail now; user factories get their arguments checked."""
-    import inspect
-
-    import torch
-
-    from .models import build_model, resolve_factory
-
-    shape, nc = manifest["feature_shape"], manifest["num_classes"]
-    try:
-        if m.name in BUILTIN_MODELS:
-            with torch.device("meta"):
-                build_model(m.name, shape, nc, **m.kwargs)
-        else:
-            inspect.signature(resolve_factory(m.name)).bind(input_shape=shape, num_classes=nc, **m.kwargs)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"model {m.name!r} cannot be built with model.kwargs {m.kwargs} for "
-                          f"feature_shape {shape}: {e}") from e
+        raise ConfigError(f"{field_name} {path!r}: module {module!r} has no callable {attr!r}")
 
 
 def validate_manifest(man: Any, where: str = "manifest") -> None:
-    """Check the manifest's shape and internal consistency (sizes, counts, dtypes)."""
+    """Check the manifest's shape and internal consistency (sizes, counts, dtypes); v1 (float32
+    features, int64 labels) or v2 (typed columns)."""
     if not isinstance(man, dict):
         raise ConfigError(f"{where} must be an object, got {type(man).__name__}")
+    if man.get("format") == SHARD_FORMAT_V2:
+        _validate_v2_manifest(man, where)
+        return
     if man.get("format") != SHARD_FORMAT:
-        raise ConfigError(f"{where}.format must be {SHARD_FORMAT!r}, got {man.get('format')!r}")
+        raise ConfigError(f"{where}.format must be {SHARD_FORMAT!r} or {SHARD_FORMAT_V2!r}, got {man.get('format')!r}")
     fs = man.get("feature_shape")
     if not (isinstance(fs, list) and fs and all(isinstance(x, int) and x > 0 for x in fs)):
         raise ConfigError(f"{where}.feature_shape must be a non-empty list of positive ints, got {fs!r}")
@@ -268,6 +369,45 @@ def validate_manifest(man: Any, where: str = "manifest") -> None:
             raise ConfigError(f"{sw}.num_samples is {spec.get('num_samples')} but its shards hold {total}")
 
 
+def _validate_v2_manifest(man: dict, where: str) -> None:
+    from .shard_format import ShardFormatError, columns_from_manifest
+
+    try:
+        columns = columns_from_manifest(man)
+    except (ShardFormatError, KeyError, TypeError) as e:
+        raise ConfigError(f"{where}.columns are invalid: {e}") from e
+    names = [c.name for c in columns]
+    splits = man.get("splits")
+    if not isinstance(splits, dict) or "train" not in splits:
+        raise ConfigError(f"{where}.splits must be an object with at least a 'train' split")
+    for split, spec in splits.items():
+        sw = f"{where}.splits.{split}"
+        shards = spec.get("shards") if isinstance(spec, dict) else None
+        if not isinstance(shards, list) or not shards:
+            raise ConfigError(f"{sw}.shards must be a non-empty list")
+        total = 0
+        for i, s in enumerate(shards):
+            for key in ("path", "num_samples", "sha256", "num_bytes", "columns"):
+                if key not in s:
+                    raise ConfigError(f"{sw}.shards[{i}] lacks {key!r}")
+            if not (isinstance(s["num_samples"], int) and s["num_samples"] > 0):
+                raise ConfigError(f"{sw}.shards[{i}].num_samples must be a positive int")
+            missing = [n for n in names if n not in s["columns"]]
+            if missing:
+                raise ConfigError(f"{sw}.shards[{i}].columns lacks the block of column(s) {missing}")
+            for c in columns:
+                block = s["columns"][c.name]
+                if block["offset"] + block["num_bytes"] > s["num_bytes"]:
+                    raise ConfigError(f"{sw}.shards[{i}] column {c.name!r} runs past the shard's {s['num_bytes']} bytes")
+                if c.kind == "ndarray" and block["num_bytes"] != s["num_samples"] * c.sample_bytes:
+                    raise ConfigError(f"{sw}.shards[{i}] column {c.name!r} holds {block['num_bytes']} bytes, "
+                                      f"{s['num_samples']} samples of {c.dtype}{list(c.shape)} take "
+                                      f"{s['num_samples'] * c.sample_bytes}")
+            total += s["num_samples"]
+        if spec.get("num_samples") != total:
+            raise ConfigError(f"{sw}.num_samples is {spec.get('num_samples')} but its shards hold {total}")
+
+
 def _check_locations(man: dict, locations: Any, splits: list[str], where: str) -> None:
     if not isinstance(locations, dict):
         raise ConfigError(f"{where} must map shard paths to URLs")
@@ -302,7 +442,8 @@ def _build(cls: type, d: Any, prefix: str) -> Any:
 
 
 _NESTED = {"ModelConfig": ModelConfig, "DataConfig": DataConfig, "TrainConfig": TrainConfig,
-           "CheckpointConfig": CheckpointConfig, "TelemetryConfig": TelemetryConfig}
+           "CheckpointConfig": CheckpointConfig, "TelemetryConfig": TelemetryConfig,
+           "AugmentConfig": AugmentConfig, "ValidationConfig": ValidationConfig}
 
 
 def _coerce(type_str: str, value: Any, path: str) -> Any:

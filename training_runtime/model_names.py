@@ -5,4 +5,4 @@ Pipeline definitions check a model name when they load, and they load in every D
 would import torch, which takes 3-4 s here. ``models.REGISTRY`` is checked against this list.
 """
 
-BUILTIN_MODELS = ("cnn", "mlp", "transformer")
+BUILTIN_MODELS = ("cnn", "mlp", "resnet", "text_transformer", "transformer", "transformer_lm")

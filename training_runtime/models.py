@@ -1,4 +1,10 @@
-"""Model registry: a small MLP, CNN and transformer encoder, plus user factories by import path."""
+"""Model registry: built-in models for tables (MLP, CNN, transformer encoder), images (ResNet) and
+text (a causal language model and an encoder classifier), plus user factories by import path.
+
+Every factory takes ``(input_shape, num_classes, **kwargs)``: ``input_shape`` is one sample as the
+model reads it (images [C, H, W], tokens [L]) and ``num_classes`` the number of outputs the task
+wants (the vocabulary size for a language model). Token models also accept ``vocab_size`` (and the
+classifier ``pad_id``), which the runtime passes when the data has them."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .model_names import BUILTIN_MODELS
@@ -31,8 +38,9 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
-    """[C, H, W] as is; [D] with D a perfect square as a one-channel sqrt(D) x sqrt(D) image."""
+def image_shape(input_shape: Sequence[int], model: str = "cnn") -> tuple[int, int, int]:
+    """[C, H, W] as is; [H, W] as one channel; [D] with D a perfect square as a one-channel
+    sqrt(D) x sqrt(D) image. ``model`` names the model in the error."""
     if len(input_shape) == 3:
         return tuple(input_shape)  # type: ignore[return-value]
     if len(input_shape) == 1 and math.isqrt(input_shape[0]) ** 2 == input_shape[0]:
@@ -40,7 +48,7 @@ def image_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
         return (1, s, s)
     if len(input_shape) == 2:
         return (1, *input_shape)  # type: ignore[return-value]
-    raise ValueError(f"model 'cnn' needs feature_shape [C, H, W], [H, W] or [D] with D a perfect "
+    raise ValueError(f"model {model!r} needs feature_shape [C, H, W], [H, W] or [D] with D a perfect "
                      f"square, got {list(input_shape)}; pick another model.name")
 
 
@@ -99,8 +107,221 @@ class TransformerClassifier(nn.Module):
         return self.head(self.norm(h).mean(dim=1))
 
 
+class BasicBlock(nn.Module):
+    """Two 3x3 conv + BatchNorm layers and a shortcut (identity, or 1x1 conv + BatchNorm where the
+    stride or width changes). The BatchNorms start at scale 1: zero-initialising the second (as
+    deep ResNets do) made these shallow ones learn several times slower in short runs."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """A small ResNet for images: conv3x3 stem, one stage of BasicBlocks per entry of ``widths``
+    (stride 2 between stages), global average pool, dropout, linear head."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, widths: Sequence[int] = (32, 64, 128),
+                 blocks_per_stage: int = 1, dropout: float = 0.0, stem_stride: int = 1):
+        super().__init__()
+        self.shape = image_shape(input_shape, "resnet")
+        widths = list(widths)
+        if not widths or any(int(w) != w or w < 1 for w in widths):
+            raise ValueError(f"model.kwargs.widths must be a non-empty list of positive channel counts, got {widths}")
+        if blocks_per_stage < 1:
+            raise ValueError(f"model.kwargs.blocks_per_stage must be >= 1, got {blocks_per_stage}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"model.kwargs.dropout must be in [0, 1), got {dropout}")
+        if stem_stride < 1:
+            raise ValueError(f"model.kwargs.stem_stride must be >= 1, got {stem_stride}")
+        self.stem = nn.Sequential(nn.Conv2d(self.shape[0], widths[0], 3, stride=stem_stride, padding=1, bias=False),
+                                  nn.BatchNorm2d(widths[0]), nn.ReLU())
+        blocks: list[nn.Module] = []
+        width = widths[0]
+        for stage, out in enumerate(widths):
+            for i in range(blocks_per_stage):
+                blocks.append(BasicBlock(width, out, stride=2 if stage > 0 and i == 0 else 1))
+                width = out
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout),
+                                  nn.Linear(width, num_classes))
+        # He init (torchvision's): larger conv weights than PyTorch's default, so an Adam step
+        # changes them by a smaller fraction and BatchNorm's running statistics keep up.
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x.reshape(x.shape[0], *self.shape))))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention through F.scaled_dot_product_attention (fused kernels on GPU; the
+    legacy ONNX exporter has a symbolic for it). ``keep`` is a bool [N, 1, 1, L] mask of the keys
+    a query may attend to; ``causal`` restricts each position to itself and earlier ones."""
+
+    def __init__(self, d_model: int, nhead: int, dropout: float):
+        super().__init__()
+        self.nhead, self.dropout = nhead, dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, *, causal: bool, keep: torch.Tensor | None = None) -> torch.Tensor:
+        n, length, d = x.shape
+        q, k, v = self.qkv(x).reshape(n, length, 3, self.nhead, d // self.nhead).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(n, length, d))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)). FSDP shards each
+    block as a unit (``shardable_submodules``)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, nhead, dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, dim_feedforward), nn.GELU(),
+                                 nn.Linear(dim_feedforward, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), causal=self.causal, keep=keep))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+def _check_transformer_kwargs(model: str, d_model: int, nhead: int, num_layers: int,
+                              dim_feedforward: int, dropout: float) -> None:
+    for name, value in (("d_model", d_model), ("nhead", nhead), ("num_layers", num_layers),
+                        ("dim_feedforward", dim_feedforward)):
+        if value < 1:
+            raise ValueError(f"model.kwargs.{name} must be >= 1 for model {model!r}, got {value}")
+    if d_model % nhead:
+        raise ValueError(f"model.kwargs.d_model={d_model} must be divisible by nhead={nhead}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"model.kwargs.dropout must be in [0, 1), got {dropout}")
+
+
+def _token_sequence_length(input_shape: Sequence[int], model: str) -> int:
+    if len(input_shape) != 1 or input_shape[0] < 1:
+        raise ValueError(f"model {model!r} needs token sequences, feature_shape [L], got {list(input_shape)}; "
+                         "pick another model.name")
+    return int(input_shape[0])
+
+
+class TokenEncoder(nn.Module):
+    """Token + learned position embeddings, a stack of TransformerBlocks and a final LayerNorm: the
+    body shared by the language model and the text classifier. Sequences may be shorter than
+    ``max_len`` (generation, short documents), never longer: there is no position for them."""
+
+    def __init__(self, model: str, max_len: int, vocab_size: int, d_model: int, nhead: int, num_layers: int,
+                 dim_feedforward: int, dropout: float, causal: bool, pad_id: int | None = None):
+        super().__init__()
+        _check_transformer_kwargs(model, d_model, nhead, num_layers, dim_feedforward, dropout)
+        self.model_name, self.max_len = model, max_len
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.pos = nn.Parameter(torch.zeros(1, max_len, d_model))
+        # Small embeddings: N(0, 1) ones make a tied head's first logits huge.
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.pos, std=0.02)
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(TransformerBlock(d_model, nhead, dim_feedforward, dropout, causal)
+                                    for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, tokens: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        if tokens.dim() != 2:
+            raise ValueError(f"model {self.model_name!r} takes int64 tokens [N, L], got shape {list(tokens.shape)}")
+        length = tokens.shape[1]
+        # (Not while tracing for ONNX: the comparison would be baked into the graph with a warning.)
+        if not torch.jit.is_tracing() and length > self.max_len:
+            raise ValueError(f"model {self.model_name!r} got {length} tokens but was built for at most "
+                             f"max_len={self.max_len} (feature_shape [L]); crop the input to its last "
+                             f"{self.max_len} tokens")
+        h = self.drop(self.embed(tokens) + self.pos[:, :length])
+        for layer in self.layers:
+            h = layer(h, keep)
+        return self.norm(h)
+
+
+class TransformerLM(nn.Module):
+    """Causal decoder-only language model on tokens [L]: logits [N, L, vocab] where position t
+    predicts token t + 1 from tokens 0..t. The vocabulary is ``num_classes`` (the language-model
+    task passes the vocabulary size as the number of outputs); the head shares the embedding's
+    weights when ``tie_weights``."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, vocab_size: int | None = None,
+                 d_model: int = 128, nhead: int = 4, num_layers: int = 2, dim_feedforward: int = 512,
+                 dropout: float = 0.0, tie_weights: bool = True):
+        super().__init__()
+        if vocab_size is not None and vocab_size != num_classes:
+            raise ValueError(f"model.kwargs.vocab_size={vocab_size} must equal the number of outputs "
+                             f"{num_classes}: a language model predicts one of vocab_size tokens")
+        if num_classes < 1:
+            raise ValueError(f"model 'transformer_lm' needs a vocabulary of >= 1 tokens, got {num_classes}")
+        self.max_len = _token_sequence_length(input_shape, "transformer_lm")
+        self.encoder = TokenEncoder("transformer_lm", self.max_len, num_classes, d_model, nhead, num_layers,
+                                    dim_feedforward, dropout, causal=True)
+        self.head = nn.Linear(d_model, num_classes, bias=False)
+        if tie_weights:
+            self.head.weight = self.encoder.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(tokens))
+
+
+class TextTransformer(nn.Module):
+    """Bidirectional encoder classifier on tokens [L]: logits [N, num_classes] from the mean of the
+    encoded non-padding positions. Positions holding ``pad_id`` are masked out of attention and
+    of the pool, so how a document is padded does not change its prediction."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, vocab_size: int | None = None,
+                 pad_id: int | None = None, d_model: int = 128, nhead: int = 4, num_layers: int = 2,
+                 dim_feedforward: int = 512, dropout: float = 0.0):
+        super().__init__()
+        if vocab_size is None:
+            raise ValueError("model 'text_transformer' needs model.kwargs.vocab_size (the tokenizer's "
+                             "vocabulary size); the runtime passes it from a text manifest's tokenizer")
+        if vocab_size < 1:
+            raise ValueError(f"model.kwargs.vocab_size must be >= 1, got {vocab_size}")
+        if pad_id is not None and not 0 <= pad_id < vocab_size:
+            raise ValueError(f"model.kwargs.pad_id={pad_id} must be a token id in 0..{vocab_size - 1}")
+        self.pad_id = pad_id
+        self.max_len = _token_sequence_length(input_shape, "text_transformer")
+        self.encoder = TokenEncoder("text_transformer", self.max_len, vocab_size, d_model, nhead, num_layers,
+                                    dim_feedforward, dropout, causal=False, pad_id=pad_id)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.pad_id is None:
+            return self.head(self.encoder(tokens).mean(dim=1))
+        real = tokens != self.pad_id  # [N, L]
+        # An all-padding document would leave its queries nothing to attend to (NaN in ONNX, and in
+        # some fused kernels); let it attend to everything instead. The pool below ignores it anyway.
+        keep = real | ~real.any(dim=1, keepdim=True)
+        h = self.encoder(tokens, keep[:, None, None, :])
+        weight = real.unsqueeze(-1).to(h.dtype)
+        pooled = (h * weight).sum(dim=1) / weight.sum(dim=1).clamp(min=1.0)
+        return self.head(pooled)
+
+
 REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "mlp": MLP, "cnn": CNN, "transformer": TransformerClassifier,
+    "cnn": CNN, "mlp": MLP, "resnet": ResNet, "text_transformer": TextTransformer,
+    "transformer": TransformerClassifier, "transformer_lm": TransformerLM,
 }
 assert sorted(REGISTRY) == list(BUILTIN_MODELS), "model_names.BUILTIN_MODELS must list REGISTRY's names"
 
@@ -138,9 +359,10 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **kwarg
 
 
 def shardable_submodules(model: nn.Module) -> list[nn.Module]:
-    """Modules FSDP shards as their own units: the transformer layers when there are any,
-    otherwise the convolutions and linear layers. The root takes the rest."""
-    layers = [m for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)]
-    if layers:
-        return layers
+    """Modules FSDP shards as their own units: the transformer layers or residual blocks when
+    there are any, otherwise the convolutions and linear layers. The root takes the rest (the
+    embeddings and a head tied to them stay together in the root)."""
+    blocks = [m for m in model.modules() if isinstance(m, (nn.TransformerEncoderLayer, TransformerBlock, BasicBlock))]
+    if blocks:
+        return blocks
     return [m for m in model.modules() if m is not model and isinstance(m, (nn.Conv2d, nn.Linear))]

@@ -1,4 +1,7 @@
-"""The training loop: data, model, optimizer, schedule, checkpoints, telemetry and outputs."""
+"""The built-in training loop: the task's loss on the context's batches, optimizer and schedule,
+validation with early stopping and keep_best, checkpoints, telemetry and outputs. Everything it
+touches outside the loop (data, model building, checkpoints, reporting, the stop signal, the
+model files) goes through ``TrainingContext``, the same context a user's training function gets."""
 
 from __future__ import annotations
 
@@ -21,19 +24,12 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from .config import ConfigError, RunConfig
-from .data import PrefetchLoader, SplitData, chained_epochs, epoch_indices, resolve_shards, steps_per_epoch
-from .distributed import (
-    DistInfo, all_gather_object, broadcast_object, full_model_state, full_optimizer_state,
-    load_full_state, raise_if_any_failed, wrap_model)
-from .models import build_model
-from .telemetry import LogReporter, Reporter, SystemStats, progress_line
+from .context import TrainingContext
+from .distributed import full_optimizer_state, load_full_state
+from .telemetry import SystemStats, progress_line
+from .validation import BestTracker
 
 log = logging.getLogger(__name__)
-
-# Settings that may differ between a checkpoint and the run resuming from it (checkpoints hold
-# full, unsharded state, so DDP and FSDP runs resume from each other).
-_RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches", "sharding"}
-
 
 @dataclass(frozen=True)
 class FaultInjection:
@@ -70,12 +66,6 @@ def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int, step: int)
     span = max(1, total_steps - start)
     progress = min(1.0, (step - start) / span)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def training_fingerprint(config: dict[str, Any]) -> dict[str, Any]:
-    return {"model": config["model"], "commit_id": config["data"]["commit_id"],
-            "manifest": config["data"]["manifest"],
-            "train": {k: v for k, v in config["train"].items() if k not in _RESUMABLE_CHANGES}}
 
 
 @dataclass
@@ -118,136 +108,120 @@ class _Interval:
         self.wait_s += wait_s
 
 
+class TrainingPreempted(RuntimeError):
+    """SIGTERM arrived; a checkpoint was saved and a restart resumes from it."""
+
+
 class Trainer:
-    def __init__(self, cfg: RunConfig, info: DistInfo, reporter: Reporter | None = None,
-                 fault: FaultInjection | None = None, restart_count: int = 0):
-        """``restart_count``: torchrun's TORCHELASTIC_RESTART_COUNT (reported, and the fault hook
-        fires only on attempt 0)."""
-        self.cfg, self.info, self.fault = cfg, info, fault
-        self.reporter = reporter or LogReporter()
-        t = cfg.train
-        cfg.validate_world_size(info.world_size)
-        man = cfg.data.manifest
-        self.num_samples = man["splits"]["train"]["num_samples"]
-        self.local_batch = t.batch_size // info.world_size
-        self.steps_per_epoch = steps_per_epoch(self.num_samples, info.world_size, t.batch_size)
-        all_steps = t.epochs * self.steps_per_epoch
-        self.total_steps = all_steps if t.max_steps is None else min(t.max_steps, all_steps)
-        self.restart_count = restart_count
+    def __init__(self, cfg: RunConfig, info, reporter=None, fault: FaultInjection | None = None,
+                 restart_count: int = 0, context: TrainingContext | None = None):
+        """``info``: the DistInfo of this process; ``restart_count``: torchrun's
+        TORCHELASTIC_RESTART_COUNT (reported, and the fault hook fires only on attempt 0)."""
+        self.cfg, self.fault, self.restart_count = cfg, fault, restart_count
+        self.ctx = context or TrainingContext(cfg, info, reporter, restart_count, fault)
+        self.info = self.ctx.dist
+        self.reporter = self.ctx.reporter
+        self.task = self.ctx.task
+        self.num_samples = self.ctx.num_train_samples
+        self.local_batch = self.ctx.local_batch_size
+        self.steps_per_epoch = self.ctx.steps_per_epoch
+        self.total_steps = self.ctx.total_steps
+        v = cfg.validation
+        if v.enabled:
+            metric, mode = cfg.monitor()
+            self.best: BestTracker | None = BestTracker(metric, mode, v.min_delta, v.patience)
+        else:
+            self.best = None
+        self.stopped_early = False
 
     # ------------------------------------------------------------ setup
-    def _prepare_data(self) -> SplitData:
-        cfg, err = self.cfg, None
-        if self.info.local_rank == 0:  # one rank per node downloads and verifies
-            try:
-                resolve_shards(cfg.data.manifest, cfg.data.locations, "train", cfg.cache_dir(),
-                               cfg.data.s3_endpoint_url, verify=True)
-            except Exception as e:
-                err = e
-        raise_if_any_failed(err, "shard verification")
-        paths = resolve_shards(cfg.data.manifest, cfg.data.locations, "train", cfg.cache_dir(),
-                               cfg.data.s3_endpoint_url, verify=False)
-        return SplitData(cfg.data.manifest, paths, "train")
-
-    def _seed(self, offset: int) -> None:
-        seed = self.cfg.train.seed * 1_000_003 + offset
-        torch.manual_seed(seed)
-        np.random.seed(seed % 2**32)
-        random.seed(seed)
-
     def _build(self) -> None:
-        cfg, info = self.cfg, self.info
-        man = cfg.data.manifest
-        self._seed(0)  # identical initial weights on every rank
-        model = build_model(cfg.model.name, man["feature_shape"], man["num_classes"], **cfg.model.kwargs)
-        self.model = wrap_model(model, cfg.train.sharding, info)
-        self._seed(1 + info.rank)  # per-rank dropout streams
+        cfg = self.cfg
+        self.model = self.ctx.build_model()
         self.optimizer = make_optimizer(cfg, self.model)
         t = cfg.train
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_multiplier(t.lr_schedule, t.warmup_steps, self.total_steps, s))
 
     # ------------------------------------------------------------ checkpoints
-    def _checkpoint_fault(self):
-        """The fault hook's callback for ``write_checkpoint`` (None without an in-write fault)."""
-        f, rank, restarts = self.fault, self.info.rank, self.restart_count
-        if not (f and f.in_checkpoint_write):
-            return None
-
-        def kill_if_due(step: int) -> None:
-            if f.kill_in_checkpoint_write(rank, step, restarts):
-                os.kill(os.getpid(), signal.SIGKILL)
-        return kill_if_due
-
     def _save(self, step: int) -> float:
         """Collective. Returns the time training stood still for this save."""
         t0 = time.perf_counter()
         sharding = self.cfg.train.sharding
-        model_sd = full_model_state(self.model, sharding)
+        model_sd = self.ctx.full_state(self.model)
         optim_sd = full_optimizer_state(self.model, self.optimizer, sharding)
-        rngs = all_gather_object(ckpt.rng_state(self.info.device))
-        if self.info.is_main:
-            state = {
-                "step": step, "epoch": step // self.steps_per_epoch,
-                "step_in_epoch": step % self.steps_per_epoch, "world_size": self.info.world_size,
-                "model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
-                "rng": rngs, "config": self.cfg.to_dict(), "history": self._history_state(),
-            }
-            self.writer.save(step, state)  # async mode stages a host copy itself
-        self.last_saved_step = step
+        self.ctx.save_checkpoint(step, {
+            "epoch": step // self.steps_per_epoch, "step_in_epoch": step % self.steps_per_epoch,
+            "model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
+            "history": self._history_state()})
         return time.perf_counter() - t0
 
     def _history_state(self) -> dict[str, Any]:
         return {"loss_history": [list(x) for x in self.loss_history],
-                "lr_history": [list(x) for x in self.lr_history], "totals": self.totals.to_dict()}
+                "lr_history": [list(x) for x in self.lr_history], "totals": self.totals.to_dict(),
+                "validation": self.best.state() if self.best else None, "stopped_early": self.stopped_early}
 
     def _resume(self) -> int | None:
         """Load the newest valid checkpoint into model/optimizer/scheduler/RNG; returns its step."""
-        root = self.cfg.checkpoint.dir
-        found = None
-        if self.info.is_main:
-            ckpt.remove_stale_temporaries(root)
-            found = ckpt.find_latest_valid(root)
-        path = broadcast_object(None if found is None else str(found[0]))
-        if path is None:
+        state = self.ctx.restore_checkpoint()
+        if state is None:
             return None
-        state = found[1] if self.info.is_main else ckpt.load_state(Path(path))
-        if training_fingerprint(state["config"]) != training_fingerprint(self.cfg.to_dict()):
-            raise ConfigError(
-                f"checkpoint.dir {root} holds checkpoints of a different run ({path}: model, data or "
-                "train settings differ); use a fresh checkpoint.dir or restore the original config")
         if state["step"] > self.total_steps:
             raise ConfigError(
-                f"checkpoint {path} is at step {state['step']}, past this run's {self.total_steps} "
-                "steps; raise train.epochs / train.max_steps or use a fresh checkpoint.dir")
-        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"],
-                        self.cfg.train.sharding)
+                f"checkpoint at step {state['step']} in {self.cfg.checkpoint.dir} is past this run's "
+                f"{self.total_steps} steps; raise train.epochs / train.max_steps or use a fresh checkpoint.dir")
+        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"], self.cfg.train.sharding)
         self.scheduler.load_state_dict(state["scheduler"])
-        if state["world_size"] == self.info.world_size:
-            ckpt.set_rng_state(state["rng"][self.info.rank], self.info.device)
-        else:
-            log.warning("checkpoint %s was written by %d ranks, this run has %d: RNG streams are "
-                        "reseeded, so the run is not bit-identical to an uninterrupted one",
-                        path, state["world_size"], self.info.world_size)
-        self.loss_history = [tuple(x) for x in state["history"]["loss_history"]]
-        self.lr_history = [tuple(x) for x in state["history"]["lr_history"]]
-        self.totals = RunTotals.from_dict(state["history"]["totals"], self.info.world_size)
-        if self.info.is_main:
-            self.reporter.info(f"resumed from checkpoint {path} at step {state['step']}")
+        h = state["history"]
+        self.loss_history = [tuple(x) for x in h["loss_history"]]
+        self.lr_history = [tuple(x) for x in h["lr_history"]]
+        self.totals = RunTotals.from_dict(h["totals"], self.info.world_size)
+        if self.best is not None and h.get("validation"):
+            self.best.restore(h["validation"])
+        self.stopped_early = bool(h.get("stopped_early", False))
         return int(state["step"])
 
+    # ------------------------------------------------------------ best model
+    def _best_root(self) -> Path:
+        return Path(self.cfg.checkpoint.dir) / "best"
+
+    def _save_best(self, step: int) -> None:
+        """Collective. Rank 0 keeps the weights of the best validation so far as a checkpoint of
+        its own under ``<checkpoint.dir>/best`` (atomic and checksummed like the others); only the
+        newest stays. A run killed after writing it and resumed from an earlier checkpoint
+        reaches the same validation again and rewrites it."""
+        state = self.ctx.full_state(self.model)
+        if self.info.is_main:
+            root = self._best_root()
+            ckpt.remove_stale_temporaries(root)
+            ckpt.write_checkpoint(root, step, {"step": step, "model": state, "metric": self.best.metric,
+                                               "value": self.best.best_value})
+            ckpt.prune(root, 1)
+
+    def _load_best(self) -> dict[str, torch.Tensor]:
+        found = ckpt.find_latest_valid(self._best_root())
+        if found is None or found[1]["step"] != self.best.best_step:
+            got = None if found is None else found[1]["step"]
+            raise RuntimeError(f"{self._best_root()} does not hold the best validation's weights (step "
+                               f"{self.best.best_step}; found {got}); rerun with a fresh checkpoint.dir")
+        return found[1]["model"]
+
     # ------------------------------------------------------------ training
-    def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _train_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         accum = self.cfg.train.grad_accum_steps
-        chunks = [(cx, cy) for cx, cy in zip(x.tensor_split(accum), y.tensor_split(accum)) if len(cx)]
-        n = len(x)
+        n = len(next(iter(batch.values())))
+        parts = {k: v.tensor_split(accum) for k, v in batch.items()}
+        chunks = [{k: parts[k][i] for k in batch} for i in range(accum)]
+        chunks = [c for c in chunks if len(next(iter(c.values())))]
         total = torch.zeros((), device=self.info.device)
         bf16 = self.cfg.train.precision == "bf16"
-        for i, (cx, cy) in enumerate(chunks):
+        for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
+            rows = len(next(iter(chunk.values())))
             with self._grad_sync(last), torch.autocast(self.info.device.type, dtype=torch.bfloat16,
                                                        enabled=bf16):
-                loss = F.cross_entropy(self.model(cx), cy) * (len(cx) / n)
+                outputs, targets = self.task.forward(self.model, chunk)
+                loss = self.task.loss(outputs, targets) * (rows / n)
             loss.backward()
             total += loss.detach().float()
         self.optimizer.step()
@@ -261,67 +235,107 @@ class Trainer:
             return contextlib.nullcontext()
         return contextlib.nullcontext() if enabled else self.model.no_sync()
 
+    def _validation_due(self, step: int) -> bool:
+        if self.best is None:
+            return False
+        every = self.cfg.validation.every_steps
+        due = step % every == 0 if every else step % self.steps_per_epoch == 0
+        return due or step == self.total_steps
+
+    def _validate(self, step: int) -> None:
+        """Collective: evaluate on the validation split, track the best, keep its weights."""
+        metrics = self.ctx.evaluate(self.model)
+        self.model.train()
+        improved = self.best.observe(step, metrics)
+        if improved and self.cfg.validation.keep_best:
+            self._save_best(step)
+        scalars = {f"validation_{k}": v for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.info.is_main:
+            self.reporter.custom({"kind": "validation", "step": step, **scalars,
+                                  "best_step": self.best.best_step, "monitor": self.best.metric})
+            self.reporter.info(f"validation at step {step}: {self.best.metric} "
+                               f"{metrics[self.best.metric]:.4f} (best {self.best.best_value:.4f} at step "
+                               f"{self.best.best_step})")
+        if self.best.should_stop:
+            self.stopped_early = True
+            if self.info.is_main:
+                self.reporter.info(f"early stopping at step {step}: no {self.best.metric} improvement in "
+                                   f"{self.best.since_best} validations")
+
     def run(self) -> dict[str, Any]:
-        cfg, info = self.cfg, self.info
-        data = self._prepare_data()
+        cfg, info, ctx = self.cfg, self.info, self.ctx
+        ctx.split("train")  # shards checked before the model is built
+        if self.best is not None:
+            ctx.split("validation")
         self._build()
         self.loss_history: list[tuple[int, float]] = []
         self.lr_history: list[tuple[int, float]] = []
         self.totals = RunTotals.empty(info.world_size)
-        self.writer = ckpt.CheckpointWriter(cfg.checkpoint.dir, cfg.checkpoint.keep_last,
-                                            cfg.checkpoint.async_save, before_publish=self._checkpoint_fault())
         resumed = self._resume()
         step = resumed or 0
-        self.last_saved_step = resumed
         self.stats = SystemStats(info.device) if info.is_main else None
         if info.is_main:
             self.reporter.info(
-                f"training {cfg.model.name} on {self.num_samples} samples, {info.world_size} rank(s) "
-                f"{info.backend}/{info.device.type}, {self.steps_per_epoch} steps/epoch, "
+                f"training {cfg.model.name} ({self.task.name}) on {self.num_samples} samples, {info.world_size} "
+                f"rank(s) {info.backend}/{info.device.type}, {self.steps_per_epoch} steps/epoch, "
                 f"{self.total_steps} steps, starting at step {step}")
         self.model.train()
         self.t_start = time.perf_counter()
         self.start_step = step
         attempt_steps = 0
         iv = _Interval(info.device)
-
-        def make_loader(epoch: int, in_epoch: int) -> PrefetchLoader:
-            idx = epoch_indices(self.num_samples, info.world_size, info.rank, epoch, cfg.train.seed)
-            return PrefetchLoader(data, idx, self.local_batch, in_epoch, info.device,
-                                  cfg.train.num_workers, cfg.train.prefetch_batches)
-
-        for epoch, loader in chained_epochs(make_loader, step, self.steps_per_epoch, self.total_steps):
+        stop_at = self.total_steps if not self.stopped_early else step
+        for epoch, batches in ctx.epochs(step) if step < stop_at else ():
             seen_wait = 0.0
             t_prev = time.perf_counter()
-            for batch in loader:
+            for batch in batches:
                 lr = self.scheduler.get_last_lr()[0]
-                iv.loss += self._train_step(batch.x, batch.y)
+                iv.loss += self._train_step(batch)
                 step += 1
                 attempt_steps += 1
                 now = time.perf_counter()
-                iv.add(now - t_prev, loader.wait_s - seen_wait, len(batch.x) * info.world_size)
-                t_prev, seen_wait = now, loader.wait_s
+                iv.add(now - t_prev, batches.wait_s - seen_wait, self.local_batch * info.world_size)
+                t_prev, seen_wait = now, batches.wait_s
                 if self.fault and self.fault.kill_mid_step(info.rank, step, self.restart_count):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self._is_boundary(step):
                     self._close_interval(iv, step, epoch, lr)
                     iv = _Interval(info.device)
-                if step % cfg.checkpoint.every_steps == 0 or step == self.total_steps:
+                if self._validation_due(step):
+                    self._validate(step)
+                preempted = step % cfg.telemetry.every_steps == 0 and ctx.should_stop()
+                if (step % cfg.checkpoint.every_steps == 0 or step == self.total_steps or self.stopped_early
+                        or preempted):
                     self.totals.checkpoint_stall_s += self._save(step)
                     t_prev = time.perf_counter()  # the stall is reported apart from step time
-                if step >= self.total_steps:
+                if preempted:
+                    ctx.wait_for_checkpoints()
+                    raise TrainingPreempted(f"stopped on SIGTERM after saving checkpoint {step} in "
+                                            f"{cfg.checkpoint.dir}; a restart resumes from it")
+                if step >= self.total_steps or self.stopped_early:
                     break
-            if step >= self.total_steps:
+            if step >= self.total_steps or self.stopped_early:
                 break
-        if self.last_saved_step != step:
+        if ctx.last_checkpoint_step != step:
             self.totals.checkpoint_stall_s += self._save(step)
-        if info.is_main:
-            self.writer.wait()
-        final_sd = full_model_state(self.model, cfg.train.sharding)
+        ctx.wait_for_checkpoints()
+        use_best = self.best is not None and cfg.validation.keep_best and self.best.best_step is not None
+        if use_best:
+            final_sd = self._load_best() if info.is_main else {}
+        else:
+            final_sd = ctx.full_state(self.model)
         metrics = self._metrics(step, attempt_steps, resumed)
+        ctx.save_model(final_sd, training={
+            "steps": step, "weights_from_step": self.best.best_step if use_best else step,
+            "monitor": self.best.metric if self.best else None,
+            "best_value": self.best.best_value if self.best else None})
+        ctx.write_outputs(metrics)
         if info.is_main:
-            self._write_outputs(final_sd, metrics)
             self.stats.close()
+            self.reporter.info(f"wrote model.safetensors, model_card.json, metrics.json to {cfg.output_dir}: "
+                               f"final loss {metrics['final_loss']:.4f}, {metrics['steps']} steps"
+                               + (f", weights of step {self.best.best_step}" if use_best else ""))
             final = {k: v for k, v in metrics.items() if not k.endswith("_history")}
             self.reporter.custom({"kind": "final", **final})
         dist.barrier()
@@ -329,10 +343,11 @@ class Trainer:
 
     def _is_boundary(self, step: int) -> bool:
         """Steps where ranks exchange loss and timings: telemetry, progress (~10%), checkpoints
-        (so checkpointed totals are exact) and the last step."""
+        (so checkpointed totals are exact), validations and the last step."""
         progress_every = max(1, math.ceil(self.total_steps / 10))
         return (step % self.cfg.telemetry.every_steps == 0 or step % progress_every == 0
-                or step % self.cfg.checkpoint.every_steps == 0 or step == self.total_steps)
+                or step % self.cfg.checkpoint.every_steps == 0 or step == self.total_steps
+                or self._validation_due(step))
 
     def _close_interval(self, iv: _Interval, step: int, epoch: int, lr: float) -> None:
         """Collective: average the loss, gather per-rank timings, record history, report."""
@@ -397,17 +412,14 @@ class Trainer:
             "resumed_from_step": resumed,
             "restart_count": self.restart_count,
             "commit_id": cfg.data.commit_id,
+            "task": self.task.name,
+            **self._validation_figures(),
         }
 
-    def _write_outputs(self, model_sd: dict[str, torch.Tensor], metrics: dict[str, Any]) -> None:
-        out = Path(self.cfg.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt.atomic_torch_save(out / "weights.pt", {k: v.detach().cpu() for k, v in model_sd.items()})
-        resolved = self.cfg.to_dict()
-        resolved.update(world_size=self.info.world_size, backend=self.info.backend,
-                        device=self.info.device.type, steps_per_epoch=self.steps_per_epoch,
-                        total_steps=self.total_steps, torch_version=torch.__version__)
-        ckpt.atomic_write_json(out / "resolved_config.json", resolved)
-        ckpt.atomic_write_json(out / "metrics.json", metrics)
-        self.reporter.info(f"wrote weights.pt, resolved_config.json, metrics.json to {out}: "
-                           f"final loss {metrics['final_loss']:.4f}, {metrics['steps']} steps")
+    def _validation_figures(self) -> dict[str, Any]:
+        if self.best is None:
+            return {}
+        b = self.best
+        return {"monitor": b.metric, "monitor_mode": b.mode, "best_step": b.best_step, "best_value": b.best_value,
+                "stopped_early": self.stopped_early, "validation_history": b.history,
+                "weights_from_step": b.best_step if self.cfg.validation.keep_best else None}

@@ -17,6 +17,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from resources.k8s.client import TrainingJobClient
 from resources.k8s.feasibility import InfeasibleGpuRequest, PodStuckPending
@@ -95,7 +96,7 @@ def test_two_pod_indexed_job_trains_with_gloo_and_reports_through_pipes(tmp_path
     out = Path(job.config["output_dir"])
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2
-    state = torch.load(out / "weights.pt", map_location="cpu", weights_only=False)
+    state = load_file(out / "model.safetensors")
     assert state
     # The config the pods ran is the one the launcher wrote to the shared volume.
     launched = json.loads(Path(settings.shared_mount_path, "launches", job.name, "config.json").read_text())
@@ -127,8 +128,7 @@ def test_two_pod_indexed_job_trains_with_gloo_and_reports_through_pipes(tmp_path
     assert dg.materialize([checkpoint]).success
     (local_final,) = [m for m in local_messages if m.get("kind") == "final"]
     assert local_final.keys() == finals[0].keys()
-    local_state = torch.load(Path(local_config["output_dir"]) / "weights.pt", map_location="cpu",
-                             weights_only=False)
+    local_state = load_file(Path(local_config["output_dir"]) / "model.safetensors")
     torch.testing.assert_close(state, local_state)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.reliability.conftest import repeats
 from tests.runtime.helpers import make_config, make_dataset, torchrun
@@ -24,7 +25,7 @@ def problem(tmp_path_factory):
     base = make_config(root, manifest, locations, name="baseline", epochs=3, checkpoint={"every_steps": 2})
     done = torchrun(base, root / "baseline.json")
     assert done.returncode == 0, done.stderr[-3000:]
-    return root, manifest, locations, torch.load(Path(base["output_dir"]) / "weights.pt", weights_only=True)
+    return root, manifest, locations, load_file(Path(base["output_dir"]) / "model.safetensors")
 
 
 def _nothing_lost(config: dict) -> bool:
@@ -48,7 +49,7 @@ def test_worker_killed_mid_step_resumes_to_the_same_weights(problem, ledger, cas
     cfg = make_config(root, manifest, locations, name=f"kill-step-{case}", epochs=3, checkpoint={"every_steps": 2})
     done = torchrun(cfg, root / f"kill-step-{case}.json", max_restarts=1,
                     env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": f"{rank}:{step}"})
-    weights = torch.load(Path(cfg["output_dir"]) / "weights.pt", weights_only=True) if done.returncode == 0 else {}
+    weights = load_file(Path(cfg["output_dir"]) / "model.safetensors") if done.returncode == 0 else {}
     ok = done.returncode == 0 and _same_weights(weights, expected)
     ledger.record("fault: worker SIGKILL mid-step", ok, _nothing_lost(cfg), f"rank {rank} killed after a random step")
     assert ok, done.stderr[-3000:]
@@ -67,7 +68,7 @@ def test_worker_killed_mid_checkpoint_write_resumes_to_the_same_weights(problem,
     done = torchrun(cfg, root / f"kill-ckpt-{case}.json", max_restarts=1,
                     env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": f"0:{step}:checkpoint"})
     out = Path(cfg["output_dir"])
-    weights = torch.load(out / "weights.pt", weights_only=True) if done.returncode == 0 else {}
+    weights = load_file(out / "model.safetensors") if done.returncode == 0 else {}
     resumed = json.loads((out / "metrics.json").read_text()).get("resumed_from_step") if done.returncode == 0 else None
     # The half-written checkpoint was never published: the restart resumes from the one before it.
     ok = done.returncode == 0 and _same_weights(weights, expected) and resumed == step - 2

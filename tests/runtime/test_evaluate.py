@@ -43,8 +43,8 @@ def test_evaluate_known_model(known_run):
     logp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
     assert res["loss"] == pytest.approx(float(-logp[np.arange(8), y].mean()), rel=1e-6)
     # class a: samples 0, 4 right; b: 1 right, 6 wrong; c: 2, 5 right, 7 wrong; d: 3 right
-    assert res["per_class_accuracy"] == pytest.approx({"a": 1.0, "b": 0.5, "c": 2 / 3, "d": 1.0})
-    assert res["per_class_num_samples"] == {"a": 2, "b": 2, "c": 3, "d": 1}
+    assert res["per_class_recall"] == pytest.approx({"a": 1.0, "b": 0.5, "c": 2 / 3, "d": 1.0})
+    assert [sum(row) for row in res["confusion_matrix"]] == [2, 2, 3, 1]  # samples per true class
     assert math.isfinite(res["loss"])
 
 
@@ -62,5 +62,5 @@ def test_evaluate_refuses_a_corrupt_shard_and_missing_split(known_run, tmp_path)
 
 def test_evaluate_requires_a_finished_run(known_run, tmp_path):
     _, manifest, locations, _, _ = known_run
-    with pytest.raises(FileNotFoundError, match="resolved_config.json does not exist"):
+    with pytest.raises(ValueError, match="holds neither model_card.json nor weights.pt"):
         evaluate(tmp_path / "empty", manifest, locations)

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from training_runtime.evaluate import evaluate
 from tests.runtime.helpers import make_config, make_dataset, torchrun
@@ -39,7 +40,7 @@ def _out(cfg):
 
 
 def _weights(cfg):
-    return torch.load(_out(cfg) / "weights.pt", weights_only=True)
+    return load_file(_out(cfg) / "model.safetensors")
 
 
 def _metrics(cfg):
@@ -76,7 +77,10 @@ def test_outputs_metrics_and_evaluation(baseline, problem):
                                                 if k not in cfg["train"]}
     assert "step 24/24 (100%)" in proc.stderr  # the rank-0 progress line
     ckpts = sorted(p.name for p in (_out(cfg).parent / "ckpt").iterdir())
-    assert ckpts == ["step_000000016", "step_000000020", "step_000000024"]  # keep_last 3
+    # keep_last 3, and the best validation's weights (keep_best) in a checkpoint of their own
+    assert ckpts == ["best", "step_000000016", "step_000000020", "step_000000024"]
+    best = [p.name for p in (_out(cfg).parent / "ckpt" / "best").iterdir()]
+    assert best == [f"step_{m['best_step']:09d}"] and m["best_step"] in (12, 24)  # validated at each epoch's end
     res = evaluate(_out(cfg), manifest, locations, split="test")
     assert res["num_samples"] == 64 and res["accuracy"] > 0.5  # 4 classes: chance is 0.25
 
@@ -143,3 +147,31 @@ def test_checksum_mismatch_fails_on_every_rank_before_training(problem):
     assert "shard verification failed on rank 0" in proc.stderr  # rank 1 stops too, no hang
     assert "training mlp on" not in proc.stderr  # the loop never started
     assert not _out(cfg).exists()
+
+
+def _user_config(problem, name: str, **ckpt):
+    root, manifest, locations = problem
+    cfg = make_config(root, manifest, locations, name=name, checkpoint=ckpt)
+    cfg["train_fn"] = "tests.runtime.user_train:main"
+    return cfg
+
+
+def test_a_user_training_function_resumes_after_sigkill_to_the_uninterrupted_weights(problem):
+    root = problem[0]
+    whole = _user_config(problem, "user_whole")
+    assert (proc := torchrun(whole, root / "user_whole.json")).returncode == 0, proc.stderr[-4000:]
+    killed = _user_config(problem, "user_killed")
+    proc = torchrun(killed, root / "user_killed.json", max_restarts=1,
+                    env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": "1:6"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    m = _metrics(killed)
+    assert m["restart_count"] == 1 and m["resumed_from_step"] == 4 and m["steps"] == TOTAL_STEPS
+    _assert_same_weights(_weights(whole), _weights(killed))
+
+
+def test_a_user_function_killed_before_its_first_checkpoint_fails_and_says_so(problem):
+    root = problem[0]
+    cfg = _user_config(problem, "user_no_ckpt", every_steps=1000)
+    proc = torchrun(cfg, root / "user_no_ckpt.json", max_restarts=1, env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": "0:3"})
+    assert proc.returncode != 0
+    assert "saved no checkpoint" in proc.stderr and "ctx.save_checkpoint" in proc.stderr

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from training_runtime.__main__ import main
 from training_runtime.config import ConfigError, RunConfig
@@ -25,7 +26,7 @@ def _run(problem, info, name, **train):
     d.pop("_model", None)
     cfg = RunConfig.from_dict(d)
     metrics = Trainer(cfg, info).run()
-    return cfg, metrics, torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
+    return cfg, metrics, load_file(f"{cfg.output_dir}/model.safetensors")
 
 
 def test_grad_accumulation_matches_one_big_batch(problem, world_of_one):
@@ -73,7 +74,7 @@ def test_finished_run_restarts_idempotently(problem, world_of_one):
     # throughput figures are carried in the checkpoint, not lost with the first attempt
     for key in ("samples_per_second", "data_wait_share", "per_rank_step_time_s", "samples_seen"):
         assert m2[key] == m1[key], key
-    w2 = torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
+    w2 = load_file(f"{cfg.output_dir}/model.safetensors")
     for k in w1:
         assert torch.equal(w1[k], w2[k])
 
@@ -142,6 +143,6 @@ def test_resume_from_an_async_checkpoint_reproduces_the_run(problem, world_of_on
     m2 = Trainer(cfg, world_of_one).run()
     assert m2["resumed_from_step"] == 4 and m2["steps_this_attempt"] == 2
     assert m2["final_loss"] == m1["final_loss"]
-    w2 = torch.load(f"{cfg.output_dir}/weights.pt", weights_only=True)
+    w2 = load_file(f"{cfg.output_dir}/model.safetensors")
     for k in w1:
         assert torch.equal(w1[k], w2[k]), k
