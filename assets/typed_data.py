@@ -2,8 +2,8 @@
 
 Same contract as the table assets in assets/pipeline.py: each writes to the run's branch,
 commits its data with its validation report, records a blocking check, and stops the run with
-what failed. A dataset of this kind publishes its shards to main (tagged ``<name>-d<N>``) as soon
-as they pass their checks.
+what failed. A dataset pipeline of this kind publishes its shards to main (tagged ``<name>-d<N>``)
+as soon as they pass their checks; a model pipeline publishes them with its model version.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the ``context`` annotation as a type.
@@ -85,7 +85,7 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         value = {"dataset": name, "commit_id": commit_id, "prefix": shard_prefix,
                  "manifest_path": shard_prefix + "manifest.json", "raw_commit": raw["commit_id"], "num_samples": counts,
                  "location": spec.location, "checks": {"raw_dataset": raw.get("checks"), "shards": report.summary()}}
-        if report.passed:
+        if report.passed and not spec.trains:  # a pipeline that trains publishes with its model version
             value["dataset_version"] = publish(context, s, branch, platform, name, commit_id)
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             "commit_id": commit_id, **{f"{k}_samples": n for k, n in counts.items()},

@@ -29,7 +29,7 @@ REPRODUCTIONS_DIR = "reproductions"
 # Where the training op puts a run's checkpoint, in the store and in the artifact store alike.
 CHECKPOINT_KEY = re.compile(r"^models/(?P<model>[^/]+)/checkpoints/(?P<run_id>[^/]+)/.+$")
 # The training op's local work dir: <checkpoints root>/<model>/<root run id>/{checkpoints,output}.
-WORK_DIR_WEIGHTS = Path("output") / "weights.pt"
+WORK_DIR_WEIGHTS = Path("output") / "model.safetensors"
 
 # Branch logs are read until the first commit on main; a run branch longer than this is kept
 # rather than judged on a partial history.

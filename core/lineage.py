@@ -15,7 +15,10 @@ def build_lineage_record(
     *, model: str, version: int, checkpoint: dict, shards: dict, raw: dict, store_facts: dict[str, str],
     resolved_config: dict, metrics: dict, evaluation: dict, gate: dict, run_id: str, run_url: str,
     links: dict[str, str] | None = None, checks: dict | None = None, dataset_version: str | None = None,
+    serving: dict | None = None,
 ) -> dict:
+    """``serving``: the version's files (weights, card, tokenizer, ONNX), the ONNX export's check
+    and, for language models, sampled continuations."""
     import torch  # deferred: loading definitions must not import torch
 
     train = resolved_config.get("train", {})
@@ -48,9 +51,12 @@ def build_lineage_record(
             "world_size": resolved_config.get("world_size", metrics.get("world_size")),
             "backend": resolved_config.get("backend", metrics.get("backend")),
         },
+        "task": resolved_config.get("task", "classification"),
         "training_figures": {k: metrics.get(k) for k in
                              ("final_loss", "samples_per_second", "data_wait_share", "steps", "epochs",
-                              "checkpoint_stall_s_total", "resumed_from_step")},
+                              "checkpoint_stall_s_total", "resumed_from_step", "monitor", "best_step",
+                              "best_value", "weights_from_step", "stopped_early")},
+        "serving": serving or {},
         "evaluation": evaluation,
         "quality_gate": gate,
         "checks": checks or {},
@@ -109,12 +115,51 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
         LineageRow("training", f"model={training['config'].get('model', {}).get('name')} seed={training['seed']} "
                                f"world_size={training['world_size']} backend={training['backend']}"),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
-        LineageRow("test", f"accuracy={test['accuracy']:.4f} loss={test['loss']:.4f} (n={test['num_samples']})"),
+        LineageRow("task", record.get("task", "classification")),
+        *([LineageRow("best checkpoint", f"weights of step {figures['weights_from_step']} (best validation "
+                                          f"{figures.get('monitor')} {figures.get('best_value'):.4f}; "
+                                          f"{figures.get('steps')} steps trained"
+                                          f"{', stopped early' if figures.get('stopped_early') else ''})")]
+          if figures.get("weights_from_step") is not None and figures.get("best_value") is not None else []),
+        LineageRow("test", metric_summary(test)),
+        *([LineageRow("onnx", onnx_summary(record["serving"]["onnx"]))] if record.get("serving", {}).get("onnx") else []),
         LineageRow("quality gate", "passed" if record["quality_gate"]["passed"] else "FAILED"),
         LineageRow("dagster run", record["dagster"]["run_id"], url=record["dagster"]["run_url"]),
     ]
     rows.extend(LineageRow(f"lakeFS {name}", url, url=url) for name, url in record.get("links", {}).items())
     return rows
+
+
+# Metrics shown first when a split has them; the rest follow in name order.
+_LEADING_METRICS = ("accuracy", "loss", "perplexity", "r2", "mse", "mae", "macro_f1", "micro_f1", "subset_accuracy")
+
+
+COUNTS = ("num_samples", "num_tokens")  # how much a split's evaluation covered, not how well it went
+
+
+def scalar_metrics(metrics: Mapping) -> dict[str, float]:
+    """A split's evaluation figures that are numbers (the tasks also give tables and a confusion
+    matrix), without the sample counts."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and k not in COUNTS}
+
+
+def metric_summary(metrics: Mapping) -> str:
+    """A split's scalar metrics on one line: ``accuracy=0.9711 loss=0.0980 macro_f1=0.9702 (n=180)``."""
+    scalars = scalar_metrics(metrics)
+    order = [k for k in _LEADING_METRICS if k in scalars] + sorted(k for k in scalars if k not in _LEADING_METRICS)
+    text = " ".join(f"{k}={scalars[k]:.4f}" for k in order)
+    return f"{text} (n={metrics.get('num_samples')})"
+
+
+def onnx_summary(row: Mapping) -> str:
+    if not row.get("ok"):
+        return f"export failed: {row.get('error')}"
+    if not row.get("passed"):
+        return (f"not shipped: onnxruntime differs from PyTorch by up to {row.get('max_abs_diff'):.2e} on "
+                f"{row.get('num_samples')} test samples (tolerance {row.get('tolerance')})")
+    return (f"model.onnx agrees with PyTorch on {row.get('num_samples')} test samples: largest difference "
+            f"{row.get('max_abs_diff'):.2e} (tolerance {row.get('tolerance')})")
 
 
 def _dataset_fact(data: dict) -> str:

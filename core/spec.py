@@ -3,11 +3,15 @@ what counts as good enough, and when to retrain. Validated when definitions load
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping, Sequence
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pandas is only named in annotations; image pool workers import this module
+    import pandas as pd
 
 from core.expectations import standard_raw_expectations, standard_shard_expectations
 
@@ -25,6 +29,8 @@ def _fail(pipeline: str, field_name: str, problem: str) -> None:
 
 # The column of the raw Parquet copy that holds all features (assets/ingest.py)
 RAW_FEATURES_COLUMN = "features"
+# ... and the one holding a multi-label table's 0/1 label columns
+RAW_TARGETS_COLUMN = "targets"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +114,7 @@ class TextPreprocessing:
 
 
 TASKS = ("classification", "regression", "multilabel", "language_modeling")
+TABLE_TASKS = ("classification", "regression", "multilabel")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,22 +140,80 @@ class Recipe:
     max_restarts: int = 1
     gpus_per_node: int = 0
     gpu_resource_name: str = "nvidia.com/gpu"
+    # Validation during training, early stopping and keep_best (training_runtime ValidationConfig)
+    validate_every_steps: int | None = None  # None: at the end of every epoch
+    monitor: str | None = None  # validation metric watched, e.g. "loss", "accuracy", "perplexity" (None: the task's)
+    monitor_mode: str | None = None  # "min" or "max" (None: the task's default for its metric)
+    early_stopping_patience: int | None = None  # validations without improvement before stopping (None: never)
+    keep_best: bool = True  # evaluate and register the best validation's weights, not the last
+    # Seeded image augmentation of the training split
+    augment_padding: int = 0  # random crop from the image padded by this many pixels (0: none)
+    augment_hflip: bool = False  # mirror half of the images
 
 
 @dataclass(frozen=True, kw_only=True)
 class QualityGate:
-    """A model version is published to main only when it meets every threshold."""
+    """A model version is published to main only when it meets every bound.
+
+    ``bounds`` maps an evaluation metric, ``<split>_<metric>`` ("test_perplexity",
+    "validation_macro_f1", "test_r2"), to ``{"min": x}`` and/or ``{"max": y}``. The two named fields
+    are the classic classification bounds, kept for existing pipelines. ``gate_from(...)`` also
+    takes a flat mapping: ``{"min_test_accuracy": 0.9, "test_perplexity": {"max": 12}}``."""
 
     min_test_accuracy: float = 0.0
     max_test_loss: float | None = None
+    bounds: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
-    def failures(self, metrics: dict[str, float]) -> list[str]:
-        out = []
-        if metrics["accuracy"] < self.min_test_accuracy:
-            out.append(f"test accuracy {metrics['accuracy']:.4f} is below the gate's minimum {self.min_test_accuracy}")
-        if self.max_test_loss is not None and metrics["loss"] > self.max_test_loss:
-            out.append(f"test loss {metrics['loss']:.4f} is above the gate's maximum {self.max_test_loss}")
+    def all_bounds(self) -> dict[str, dict[str, float]]:
+        out = {k: dict(v) for k, v in self.bounds.items()}
+        if self.min_test_accuracy:
+            out.setdefault("test_accuracy", {})["min"] = self.min_test_accuracy
+        if self.max_test_loss is not None:
+            out.setdefault("test_loss", {})["max"] = self.max_test_loss
         return out
+
+    def failures(self, evaluation: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        """``evaluation``: split -> that split's metrics. A bound on a metric the evaluation lacks fails."""
+        out = []
+        for key, bound in self.all_bounds().items():
+            split, _, metric = key.partition("_")
+            value = (evaluation.get(split) or {}).get(metric)
+            shown = key.replace("_", " ", 1)
+            if not isinstance(value, (int, float)):
+                out.append(f"{shown}: the evaluation has no such metric (it has "
+                           f"{sorted((evaluation.get(split) or {}))})")
+                continue
+            if "min" in bound and value < bound["min"]:
+                out.append(f"{shown} {value:.4f} is below the gate's minimum {bound['min']}")
+            if "max" in bound and value > bound["max"]:
+                out.append(f"{shown} {value:.4f} is above the gate's maximum {bound['max']}")
+        return out
+
+
+def gate_from(pipeline: str, value: Any) -> QualityGate:
+    """A QualityGate from itself, None, or a mapping of its fields and/or metric bounds."""
+    if value is None:
+        return QualityGate()
+    if isinstance(value, QualityGate):
+        return value
+    if not isinstance(value, Mapping):
+        _fail(pipeline, "gate", f"{value!r} must be a QualityGate or a mapping such as "
+              "{'test_accuracy': {'min': 0.9}}")
+    named = {k: v for k, v in value.items() if k in ("min_test_accuracy", "max_test_loss")}
+    bounds = {k: v for k, v in value.items() if k not in named and k != "bounds"}
+    bounds.update(value.get("bounds") or {})
+    for key, bound in bounds.items():
+        split = key.partition("_")[0]
+        if split not in ("test", "validation") or "_" not in key:
+            _fail(pipeline, f"gate.{key}", "name a metric as <split>_<metric> with split 'test' or 'validation', "
+                  "e.g. 'test_accuracy' or 'test_perplexity'")
+        if not isinstance(bound, Mapping) or not bound or set(bound) - {"min", "max"} or not all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) for b in bound.values()):
+            _fail(pipeline, f"gate.{key}", f"{bound!r} must be {{'min': number}} and/or {{'max': number}}")
+    try:
+        return QualityGate(**named, bounds={k: dict(v) for k, v in bounds.items()})
+    except TypeError as exc:
+        _fail(pipeline, "gate", str(exc))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,13 +285,18 @@ class PipelineSpec:
     location: str = "platform"  # the code location that defines this pipeline (set by its definitions)
     feature_columns: tuple[str, ...] = ()
     label_column: str = ""
-    class_names: tuple[str, ...] = ()
+    class_names: tuple[str, ...] = ()  # classification: the classes; multilabel: the label columns' names
+    # task="multilabel": one 0/1 source column per label (label_column stays empty)
+    label_columns: tuple[str, ...] = ()
+    # task="regression": inclusive (low, high) every target must lie in; None: any finite number
+    target_range: tuple[float, float] | None = None
     id_column: str | None = None
     expectations: QualitySuite = field(default_factory=QualitySuite.standard)
     triggers: Triggers = field(default_factory=Triggers)
     team: str = "ml"
     model: str | None = "mlp"  # None: a dataset pipeline (raw_dataset and shards only; see dataset_pipeline)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    train: str | None = None  # "package.module:function" run on every rank instead of the built-in loop
     recipe: Recipe = field(default_factory=Recipe)
     gate: QualityGate = field(default_factory=QualityGate)
     split: Split = field(default_factory=Split)
@@ -249,9 +319,10 @@ class PipelineSpec:
         if self.preprocessing is not None:
             _fail(n, "preprocessing", "applies to image folders and text corpora; table features are normalised "
                   "with the training split's mean and standard deviation")
-        if self.task != "classification":
-            _fail(n, "task", f"{self.task!r} on tables is not built yet: table pipelines train classifiers; "
-                  "regression and multi-label targets are planned")
+        if self.task not in TABLE_TASKS:
+            _fail(n, "task", "'language_modeling' reads token sequences from a TextCorpus source; a table's rows "
+                  f"hold no text. Use one of {list(TABLE_TASKS)} on a table" if self.task == "language_modeling"
+                  else f"{self.task!r} is not a task; a table takes one of {list(TABLE_TASKS)}")
         if self.source is None or (not self.source.paths and self.source.loader is None):
             _fail(n, "source", "give file paths/globs (CSV or Parquet), a loader function, or dataset=<pipeline>")
         if self.expectations.raw is None or self.expectations.shards is None:
@@ -261,13 +332,7 @@ class PipelineSpec:
             _fail(n, "feature_columns", "list at least one feature column")
         if len(set(self.feature_columns)) != len(self.feature_columns):
             _fail(n, "feature_columns", "a column is listed twice")
-        if self.label_column in self.feature_columns:
-            _fail(n, "label_column", f"{self.label_column!r} is also a feature column")
-        if RAW_FEATURES_COLUMN in (self.label_column, self.id_column):
-            _fail(n, "label_column/id_column", f"{RAW_FEATURES_COLUMN!r} names the raw copy's feature column; rename "
-                  "the column (e.g. with the source's csv_options or the loader)")
-        if len(self.class_names) < 2 or len(set(self.class_names)) != len(self.class_names):
-            _fail(n, "class_names", "give at least two distinct class names")
+        self._check_table_targets(n)
         fractions = (self.split.train, self.split.validation, self.split.test)
         if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
             _fail(n, "split", f"train/validation/test fractions must be positive and sum to 1, got {fractions}")
@@ -285,6 +350,65 @@ class PipelineSpec:
                 _fail(n, "feature_shape", f"{self.feature_shape} holds {size} values but there are "
                       f"{len(self.feature_columns)} feature columns")
 
+    def _check_table_targets(self, n: str) -> None:
+        """The column(s) a table's task reads its targets from: class labels, a numeric target, or one
+        0/1 column per label (whose names become ``class_names``)."""
+        task = self.task
+        if task != "multilabel" and self.label_columns:
+            _fail(n, "label_columns", f"applies to task 'multilabel' (one 0/1 column per label); task {task!r} "
+                  "reads one label column: give label=<column>")
+        if task != "regression" and self.target_range is not None:
+            _fail(n, "target_range", f"bounds regression targets; task {task!r} has none. Leave it out")
+        if task == "multilabel":
+            field_name, targets = "label_columns", tuple(self.label_columns)
+            if self.label_column:
+                _fail(n, "label_column", "a multi-label table reads one 0/1 column per label from label_columns "
+                      "(labels=('a', 'b', ...)); leave label out")
+            if not targets:
+                _fail(n, "label_columns", "give the 0/1 column of each label (labels=('a', 'b', ...))")
+            if len(set(targets)) != len(targets):
+                _fail(n, "label_columns", "a column is listed twice")
+            if self.class_names and tuple(self.class_names) != targets:
+                _fail(n, "class_names", "a multi-label table's class names are its label columns; leave classes out")
+            object.__setattr__(self, "class_names", targets)  # frozen: set once, while validating
+        else:
+            field_name, targets = "label_column", (self.label_column,)
+            if task == "regression":
+                if not self.label_column:
+                    _fail(n, "label_column", "name the column holding each row's numeric target (label=<column>)")
+                if self.class_names:
+                    _fail(n, "class_names", "a regression target is a number, not a class; leave classes out "
+                          "(target_range=(low, high) bounds it)")
+                self._check_target_range(n)
+        for column in targets:
+            if column in self.feature_columns:
+                _fail(n, field_name, f"{column!r} is also a feature column")
+            if self.id_column is not None and column == self.id_column:
+                _fail(n, field_name, f"{column!r} is also the id column")
+        if RAW_FEATURES_COLUMN in (*targets, self.id_column):
+            _fail(n, f"{field_name}/id_column", f"{RAW_FEATURES_COLUMN!r} names the raw copy's feature column; rename "
+                  "the column (e.g. with the source's csv_options or the loader)")
+        if task == "multilabel" and self.id_column == RAW_TARGETS_COLUMN:
+            _fail(n, "id_column", f"{RAW_TARGETS_COLUMN!r} names the raw copy's label column of a multi-label table; "
+                  "rename the column (e.g. with the source's csv_options or the loader)")
+        if task == "classification":
+            if not self.label_column:
+                _fail(n, "label_column", "name the column holding each row's class (label=<column>)")
+            if len(self.class_names) < 2 or len(set(self.class_names)) != len(self.class_names):
+                _fail(n, "class_names", "give at least two distinct class names")
+
+    def _check_target_range(self, n: str) -> None:
+        bounds = self.target_range
+        if bounds is None:
+            return
+        try:
+            low, high = (float(b) for b in bounds)
+        except (TypeError, ValueError):
+            _fail(n, "target_range", f"{bounds!r} must be two numbers (low, high)")
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            _fail(n, "target_range", f"{bounds!r} must be two finite numbers with low < high")
+        object.__setattr__(self, "target_range", (low, high))  # frozen: set once, while validating
+
     def _check_typed_source(self, n: str) -> None:
         """Image folders and text corpora: their own fields instead of feature and label columns."""
         src = self.source
@@ -299,9 +423,6 @@ class PipelineSpec:
                   "preprocessing); leave it out")
         if self.task not in TASKS:
             _fail(n, "task", f"{self.task!r} is not a task; choose one of {list(TASKS)}")
-        if self.model is not None:
-            _fail(n, "model", "the built-in trainer reads table shards only so far; declare image and text data "
-                  "with dataset_pipeline(...) (its shards are versioned and published for your own training)")
         prep = self.preprocessing or wanted()
         if prep.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", prep.function):
             _fail(n, "preprocessing.function", f"{prep.function!r} must look like 'package.module:function'")
@@ -366,7 +487,7 @@ class PipelineSpec:
                 _fail(n, "dataset_version", f"{self.dataset_version!r} is not a version of {self.dataset!r}; "
                       f"use its tag, e.g. '{self.dataset}-d1' (python -m pipelines datasets {self.dataset} lists them)")
         taken = [f for f in ("source", "feature_columns", "label_column", "class_names", "id_column",
-                             "feature_shape") if getattr(self, f)]
+                             "feature_shape", "label_columns", "target_range", "preprocessing") if getattr(self, f)]
         if taken:
             _fail(n, taken[0], f"comes from the shared dataset {self.dataset!r}; leave it out")
 
@@ -385,6 +506,7 @@ class PipelineSpec:
             _fail(n, "recipe.lr", "must be positive")
         if not 0.0 <= self.gate.min_test_accuracy <= 1.0:
             _fail(n, "gate.min_test_accuracy", "must lie between 0 and 1")
+        self._check_training_fields(n)
         if r.gpus_per_node < 0:
             _fail(n, "recipe.gpus_per_node", "must be 0 (CPU) or more")
         if not _NAME.fullmatch(self.team or ""):
@@ -400,6 +522,46 @@ class PipelineSpec:
             if not is_valid_cron_string(self.triggers.cron):
                 _fail(n, "triggers.cron", f"{self.triggers.cron!r} is not a cron expression")
 
+    def _check_training_fields(self, n: str) -> None:
+        """The task, a user training function, validation settings and the gate's metrics."""
+        from training_runtime.task_names import OPTIONAL_METRICS, TASK_METRICS  # without importing torch
+
+        custom_task = ":" in self.task
+        if custom_task and not re.fullmatch(r"[\w.]+:[\w.]+", self.task):
+            _fail(n, "task", f"{self.task!r} must be a built-in task {list(TASKS)} or 'package.module:TaskClass'")
+        if self.train is not None:
+            if self.model is None:
+                _fail(n, "train", "a dataset pipeline does not train; give a model too (the function may ignore it)")
+            if not re.fullmatch(r"[\w.]+:[\w.]+", self.train):
+                _fail(n, "train", f"{self.train!r} must look like 'package.module:function'")
+        for fname, path in (("task", self.task if custom_task else None), ("train", self.train),
+                            ("model", self.model if self.model and ":" in self.model else None)):
+            if path is not None:
+                _check_module_exists(n, fname, path)
+        r = self.recipe
+        for fname in ("validate_every_steps", "early_stopping_patience"):
+            if getattr(r, fname) is not None and getattr(r, fname) < 1:
+                _fail(n, f"recipe.{fname}", "must be at least 1 (or None)")
+        if r.monitor_mode not in (None, "min", "max"):
+            _fail(n, "recipe.monitor_mode", f"{r.monitor_mode!r}: use 'min', 'max' or None")
+        if r.augment_padding < 0:
+            _fail(n, "recipe.augment_padding", "must be 0 or more")
+        if (r.augment_padding or r.augment_hflip) and not isinstance(self.source, ImageFolder) and self.dataset is None:
+            _fail(n, "recipe.augment_padding" if r.augment_padding else "recipe.augment_hflip",
+                  "augments images; this pipeline's data is not an image folder")
+        if custom_task or self.task not in TASK_METRICS or self.model is None:
+            return  # a custom task's metrics are known when it is imported, at the start of training
+        if self.dataset is not None and self.dataset_location is None and not self.owner_fields_filled:
+            return  # the task comes from the dataset's owner: checked again once sharing() fills it in
+        known = TASK_METRICS[self.task] + OPTIONAL_METRICS[self.task]
+        if r.monitor is not None and r.monitor not in known:
+            _fail(n, "recipe.monitor", f"{r.monitor!r} is not a metric of task {self.task!r}; it has {list(known)}")
+        for key in self.gate.all_bounds():
+            metric = key.partition("_")[2]
+            if metric not in known:
+                _fail(n, f"gate.{key}", f"task {self.task!r} does not produce {metric!r}; its metrics are "
+                      f"{list(known)} (as test_<metric> or validation_<metric>)")
+
     @property
     def shape(self) -> tuple[int, ...]:
         return self.feature_shape or (len(self.feature_columns),)
@@ -407,7 +569,14 @@ class PipelineSpec:
     @property
     def chunk_rows(self) -> int:
         """Source rows per chunk when ingesting and sharding (features, label and id columns)."""
-        return max(1, int(self.source.chunk_mb * 2**20) // (8 * (len(self.feature_columns) + 2)))
+        return max(1, int(self.source.chunk_mb * 2**20) // (8 * (len(self.feature_columns) + len(self.target_columns)
+                                                                 + 1)))
+
+    @property
+    def target_columns(self) -> tuple[str, ...]:
+        """The source columns a table's targets come from: the label column, or a multi-label
+        table's 0/1 columns."""
+        return tuple(self.label_columns) if self.task == "multilabel" else (self.label_column,)
 
     @property
     def dataset_name(self) -> str:
@@ -434,12 +603,12 @@ class PipelineSpec:
         if owner.dataset is not None:
             _fail(self.name, "dataset", f"{owner.name!r} itself trains on shared data; name the owner "
                   f"{owner.dataset!r} instead")
-        if isinstance(owner.source, (ImageFolder, TextCorpus)):
-            _fail(self.name, "dataset", f"{owner.name!r} holds {type(owner.source).__name__} shards, which the "
-                  "built-in trainer does not read yet (it reads table shards)")
+        # The data decides the task; a custom Task (an import path) names its own.
+        task = self.task if ":" in self.task else owner.task
         return replace(self, feature_columns=owner.feature_columns, label_column=owner.label_column,
                        class_names=owner.class_names, id_column=owner.id_column, feature_shape=owner.feature_shape,
-                       split=owner.split, owner_fields_filled=True)
+                       label_columns=owner.label_columns, target_range=owner.target_range,
+                       split=owner.split, task=task, owner_fields_filled=True)
 
 
 def resolve_shared(specs: Sequence[PipelineSpec]) -> list[PipelineSpec]:
@@ -478,6 +647,7 @@ def model_pipeline(
     feature_shape: Sequence[int] | None = None, split: Split | Mapping[str, Any] | None = None,
     team: str = "ml", description: str = "",
     preprocessing: ImagePreprocessing | TextPreprocessing | None = None, task: str = "classification",
+    labels: Sequence[str] = (), target_range: tuple[float, float] | None = None, train: str | None = None,
 ) -> PipelineSpec:
     """Declare a model pipeline: raw_dataset -> shards -> checkpoint -> model_version.
 
@@ -486,11 +656,16 @@ def model_pipeline(
     pipeline's shards instead (then leave out source, features, label and classes); when another
     team's code location publishes that dataset, ``dataset_location`` names it and training reads
     the newest published version, or the one ``dataset_version`` (``"<dataset>-d<N>"``) pins. ``model`` is
-    a registry name (``mlp``, ``cnn``, ``transformer``) or ``"package.module:factory"``.
-    ``recipe``, ``gate``, ``triggers`` and ``split`` take the dataclasses or plain dicts of their
-    fields. ``build_definitions`` turns the returned spec into assets with blocking Great
-    Expectations checks, a training job, a schedule and a new-data sensor. Mistakes raise
-    ``PipelineDefinitionError`` naming the pipeline and the field when definitions load.
+    a registry name (``mlp``, ``cnn``, ``resnet``, ``transformer``, ``transformer_lm``,
+    ``text_transformer``) or ``"package.module:factory"``; ``train="package.module:main"`` runs your
+    own training function on every rank with a ``TrainingContext`` instead of the built-in loop.
+    ``task`` may also be ``"package.module:TaskClass"`` (your loss, metrics and predictions). A table's ``task`` is ``"classification"`` (``label`` and ``classes``), ``"regression"``
+    (``label`` names a numeric column; ``target_range=(low, high)`` bounds it) or ``"multilabel"``
+    (``labels`` names one 0/1 column per label). ``recipe``, ``gate``, ``triggers`` and ``split``
+    take the dataclasses or plain dicts of their fields. ``build_definitions`` turns the returned
+    spec into assets with blocking Great Expectations checks, a training job, a schedule and a
+    new-data sensor. Mistakes raise ``PipelineDefinitionError`` naming the pipeline and the field
+    when definitions load.
     """
     if isinstance(source, str):
         source = Source(paths=(source,))
@@ -504,10 +679,11 @@ def model_pipeline(
         class_names=tuple(str(c) for c in classes), id_column=id_column,
         expectations=expectations if expectations is not None else QualitySuite.standard(),
         model=model, model_kwargs=dict(model_kwargs or {}),
-        recipe=_coerce(name, "recipe", Recipe, recipe), gate=_coerce(name, "gate", QualityGate, gate),
+        recipe=_coerce(name, "recipe", Recipe, recipe), gate=gate_from(name, gate),
         triggers=_coerce(name, "triggers", Triggers, triggers), split=_coerce(name, "split", Split, split),
         feature_shape=tuple(feature_shape) if feature_shape else None, team=team, description=description,
-        preprocessing=preprocessing, task=task,
+        preprocessing=preprocessing, task=task, label_columns=tuple(labels),
+        target_range=tuple(target_range) if isinstance(target_range, (list, tuple)) else target_range, train=train,
     )
 
 
@@ -520,6 +696,24 @@ def _coerce(pipeline: str, field_name: str, cls: type, value: Any) -> Any:
         return cls(**dict(value))
     except TypeError as exc:
         _fail(pipeline, field_name, f"{exc}; the fields are {[f.name for f in fields(cls)]}")
+
+
+def _check_module_exists(pipeline: str, field_name: str, path: str) -> None:
+    """The module of an import path must exist. It is found, not imported: definitions load in every
+    Dagster process, and user training code imports torch (the training op imports it, and checks
+    the attribute and its signature, before any worker starts)."""
+    import importlib.util
+
+    module = path.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        found, why = None, f" ({exc})"
+    else:
+        why = ""
+    if found is None:
+        _fail(pipeline, field_name, f"{path!r}: no module {module!r} can be imported{why}; check the import path "
+              "and that its package is installed in the code location (and in the training image)")
 
 
 def _check_model_name(pipeline: str, model: str) -> None:
@@ -541,7 +735,7 @@ def dataset_pipeline(
     expectations: QualitySuite | None = None, triggers: Triggers | Mapping[str, Any] | None = None,
     feature_shape: Sequence[int] | None = None, split: Split | Mapping[str, Any] | None = None, team: str = "ml",
     description: str = "", preprocessing: ImagePreprocessing | TextPreprocessing | None = None,
-    task: str = "classification",
+    task: str = "classification", labels: Sequence[str] = (), target_range: tuple[float, float] | None = None,
 ) -> PipelineSpec:
     """Declare a dataset alone: raw_dataset -> shards, for pipelines that name it as their ``dataset``
     (in this code location, or in others with ``dataset_location``). Its job ingests, shards and
@@ -552,4 +746,4 @@ def dataset_pipeline(
     return model_pipeline(name, source=source, features=features, label=label, classes=classes,
                           id_column=id_column, expectations=expectations, model=None, triggers=triggers,
                           feature_shape=feature_shape, split=split, team=team, description=description,
-                          preprocessing=preprocessing, task=task)
+                          preprocessing=preprocessing, task=task, labels=labels, target_range=target_range)

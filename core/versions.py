@@ -20,10 +20,12 @@ class Registered:
 
 
 def register_version(
-    store: VersionedStore, branch: str, model: str, record_for: Callable[[int], dict], weights: bytes,
+    store: VersionedStore, branch: str, model: str, record_for: Callable[[int], dict], files: dict[str, bytes],
     metadata: dict[str, str], attempts: int = 5,
 ) -> Registered:
-    """Commit version N's files on the run branch, merge it into ``main``, tag that commit.
+    """Commit version N's files (``files``: name -> bytes, e.g. model.safetensors, model_card.json,
+    tokenizer.json, model.onnx) and its lineage record on the run branch, merge it into ``main``,
+    tag that commit.
 
     N is one past the highest version. Two runs registering at once both write
     ``models/M/versions/vN/``; the later merge conflicts on that path and leaves ``main``
@@ -36,7 +38,8 @@ def register_version(
     for attempt in range(1, attempts + 1):
         version = next_version(store, model)
         prefix = version_prefix(model, version)
-        store.put_object(branch, prefix + "weights.pt", weights)
+        for name, data in sorted(files.items()):
+            store.put_object(branch, prefix + name, data)
         record = record_for(version)
         store.put_object(branch, lineage_path(model, version), json.dumps(record, indent=2, sort_keys=True).encode())
         meta = {**metadata, "model_version": str(version)}

@@ -26,5 +26,29 @@ def loss_curve_png(loss_history: list[list[float]], title: str) -> bytes:
     return buf.getvalue()
 
 
+def confusion_matrix_png(matrix: list[list[int]], class_names: list[str], title: str) -> bytes:
+    """Rows are the true class, columns the predicted one; each cell shows its count."""
+    n = len(matrix)
+    names = class_names if len(class_names) == n else [str(i) for i in range(n)]
+    side = max(3.2, 0.45 * n + 1.6)
+    fig, ax = plt.subplots(figsize=(side, side), dpi=100)
+    ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(n), names, rotation=45, ha="right")
+    ax.set_yticks(range(n), names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    peak = max((max(row) for row in matrix), default=0)
+    for i, row in enumerate(matrix):
+        for j, count in enumerate(row):
+            ax.text(j, i, str(count), ha="center", va="center", fontsize=8,
+                    color="white" if count > peak / 2 else "black")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def markdown_image(png: bytes, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"

@@ -27,6 +27,10 @@ from resources.platform import (
 )
 from resources.store.base import VersionedStore
 
+WEIGHTS_FILE = "model.safetensors"
+# What a training run leaves in its output directory, committed beside each other on the run branch.
+MODEL_FILES = (WEIGHTS_FILE, "model_card.json", "resolved_config.json", "metrics.json")
+
 
 @dataclass
 class TrainingResult:
@@ -43,6 +47,8 @@ class TrainingResult:
         meta["backend"] = str(self.metrics.get("backend"))
         if self.metrics.get("per_rank_step_time_s"):
             meta["per_rank_step_time_s"] = dg.MetadataValue.json(self.metrics["per_rank_step_time_s"])
+        if self.metrics.get("best_step") is not None:
+            meta["monitor"] = f"validation {self.metrics['monitor']} (best at step {self.metrics['best_step']})"
         if self.metrics.get("loss_history"):
             from ops import plots  # deferred: matplotlib is not needed to load definitions
 
@@ -73,7 +79,9 @@ def run_distributed_training(
     metrics_file = output_dir / "metrics.json"
     if not metrics_file.exists():
         raise dg.Failure(description=f"training finished without writing {metrics_file}; see the run's logs")
-    weights = output_dir / "weights.pt"
+    weights = output_dir / WEIGHTS_FILE
+    if not weights.exists():
+        raise dg.Failure(description=f"training finished without writing {weights}; see the run's logs")
     return TrainingResult(
         output_dir=output_dir,
         metrics=json.loads(metrics_file.read_text()),
@@ -81,6 +89,38 @@ def run_distributed_training(
         weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest(),
         telemetry=telemetry,
     )
+
+
+def check_user_code(spec: PipelineSpec) -> None:
+    """User code named by import path is imported here, before any worker starts (definitions only
+    check that its modules exist: they must load without torch). The training function must take
+    one argument, a model factory must be callable, a task must be a Task whose metrics cover the
+    quality gate (built-in tasks' gates are checked when definitions load)."""
+    from training_runtime.config import ConfigError
+    from training_runtime.models import resolve_factory
+    from training_runtime.user_loop import resolve_train_fn
+
+    try:
+        if spec.train is not None:
+            resolve_train_fn(spec.train)
+        if spec.model and ":" in spec.model:
+            resolve_factory(spec.model)
+    except (ConfigError, ValueError) as exc:
+        field = "train" if spec.train and spec.train in str(exc) else "model"
+        raise dg.Failure(description=f"pipeline {spec.name!r}, field {field!r}: {exc}", allow_retries=False) from exc
+    if ":" not in spec.task:
+        return
+    from training_runtime.tasks import task_class
+
+    try:
+        cls = task_class(spec.task)
+    except ValueError as exc:
+        raise dg.Failure(description=f"pipeline {spec.name!r}, field 'task': {exc}", allow_retries=False) from exc
+    unknown = [k for k in spec.gate.all_bounds() if k.partition("_")[2] not in cls.metric_names]
+    if unknown:
+        raise dg.Failure(description=f"pipeline {spec.name!r}, field 'gate.{unknown[0]}': task {spec.task!r} does not "
+                                     f"produce {unknown[0].partition('_')[2]!r}; its metrics are "
+                                     f"{list(cls.metric_names)}", allow_retries=False)
 
 
 def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
@@ -94,17 +134,18 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
     def distributed_training(context: dg.OpExecutionContext, shards: dict, platform: PlatformSettings,
                              store: VersionedStoreResource, artifacts: ArtifactStoreResource,
                              launcher: TrainingLauncherResource):
+        check_user_code(spec)
         s = store.get()
         branch = ensure_run_branch(s, context.run_id)
         with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), spec.gpus,
                        log=context.log):
             result = run_distributed_training(context, spec, shards, s, launcher.get(),
                                               platform.checkpoints_root / name / root_run_id(context))
-        weights_path = f"models/{name}/checkpoints/{context.run_id}/weights.pt"
-        weights_uri = artifacts.get().put_file(result.output_dir / "weights.pt", weights_path)
-        s.put_file(branch, weights_path, result.output_dir / "weights.pt")
-        for extra in ("resolved_config.json", "metrics.json"):
-            s.put_file(branch, weights_path.replace("weights.pt", extra), result.output_dir / extra)
+        folder = f"models/{name}/checkpoints/{context.run_id}/"
+        weights_path = folder + WEIGHTS_FILE
+        weights_uri = artifacts.get().put_file(result.output_dir / WEIGHTS_FILE, weights_path)
+        for file in MODEL_FILES:
+            s.put_file(branch, folder + file, result.output_dir / file)
         commit_id = commit_or_head(s, branch, f"Train {name}", commit_metadata(
             context, platform.run_url(context.run_id), shards_commit=shards["commit_id"], dataset=shards["dataset"]))
         value = {"commit_id": commit_id, "weights_path": weights_path, "weights_uri": weights_uri,

@@ -25,7 +25,14 @@ def runtime_config(
             "weight_decay": r.weight_decay, "lr_schedule": r.lr_schedule, "warmup_steps": r.warmup_steps,
             "grad_accum_steps": r.grad_accum_steps, "seed": r.seed, "sharding": r.sharding,
             "precision": r.precision,
+            "augment": {"padding": r.augment_padding, "hflip": r.augment_hflip},
         },
+        "task": spec.task,
+        "train_fn": spec.train,
+        # Validation needs the split; shards of every pipeline have one (Split's fractions are positive).
+        "validation": {"enabled": "validation" in manifest["splits"], "every_steps": r.validate_every_steps,
+                       "metric": r.monitor, "mode": r.monitor_mode, "patience": r.early_stopping_patience,
+                       "keep_best": r.keep_best},
         "checkpoint": {"dir": str(checkpoint_dir), "every_steps": r.checkpoint_every_steps,
                        "keep_last": r.keep_last_checkpoints, "async_save": r.async_checkpoint},
         "output_dir": str(output_dir),
@@ -49,5 +56,5 @@ def training_job(spec: PipelineSpec, run_id: str, config: dict) -> TrainingJob:
 def training_figures(metrics: dict) -> dict[str, float | int | None]:
     """The final numbers Dagster plots across runs."""
     keys = ("final_loss", "samples_per_second", "data_wait_share", "steps", "epochs", "world_size",
-            "checkpoint_stall_s_total", "resumed_from_step")
+            "checkpoint_stall_s_total", "resumed_from_step", "best_step", "best_value", "stopped_early")
     return {k: metrics.get(k) for k in keys}

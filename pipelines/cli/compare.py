@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from core.lineage import scalar_metrics
 from resources.store.base import VersionedStore
 
 # Where a version's files were written is no parameter of it; its data shows as commits instead.
@@ -27,14 +28,16 @@ def parameters(record: dict) -> dict[str, object]:
 def metrics(record: dict) -> dict[str, object]:
     ev, fig = record["evaluation"], record["training_figures"]
     out: dict[str, object] = {}
-    for split in ("test", "validation"):
+    for split in ("test", "validation"):  # each task's scalar metrics (accuracy, perplexity, r2, ...)
         if split in ev:
-            out[f"{split} accuracy"] = ev[split]["accuracy"]
-            out[f"{split} loss"] = ev[split]["loss"]
+            for k, v in scalar_metrics(ev[split]).items():
+                out[f"{split} {k}"] = v
             out[f"{split} samples"] = ev[split]["num_samples"]
     out["final training loss"] = fig.get("final_loss")
     out["steps"] = fig.get("steps")
     out["samples/s"] = fig.get("samples_per_second")
+    if fig.get("weights_from_step") is not None:
+        out["weights from step"] = fig.get("weights_from_step")
     out["quality gate"] = "passed" if record["quality_gate"]["passed"] else "FAILED"
     return out
 

@@ -1,5 +1,7 @@
-"""``demo``: run the digits job once and print the lineage of every version it registered; then
-version the two datasets that are not tables (an image folder and a text corpus) and list them."""
+"""``demo``: run the digits job once and print the lineage of every version it registered (the MLP,
+the YAML-declared CNN and the denoising autoencoder with its own training loop); then the jobs of
+the diabetes table (regression), the shapes image folder (a ResNet) and the pydoc corpus (a
+language model), printing each version's lineage and each dataset's published versions."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ def demo_command(args: argparse.Namespace) -> int:
     from core.datasets import list_dataset_versions
     from pipelines.definitions import build_definitions, training_job_name
     from pipelines.models import PIPELINES
+    from pipelines.models.diabetes import diabetes_dataset
     from pipelines.models.digits import digits_pipeline, write_digits_source
     from pipelines.models.pydoc_corpus import pydoc_corpus, write_pydoc_source
     from pipelines.models.shapes import shapes_dataset, write_shapes_source
@@ -38,9 +41,14 @@ def demo_command(args: argparse.Namespace) -> int:
         for model in models:
             print_lineage(profile, model, None, as_json=False)
             print()
-        for dataset in (shapes_dataset, pydoc_corpus):
-            if _run(defs, training_job_name(dataset), instance) is None:
+        for dataset in (diabetes_dataset, shapes_dataset, pydoc_corpus):
+            result = _run(defs, training_job_name(dataset), instance)
+            if result is None:
                 return 1
+            for model in sorted({e.asset_key.path[0] for e in result.get_asset_materialization_events()
+                                 if e.asset_key.path[-1] == "model_version"}):
+                print_lineage(profile, model, None, as_json=False)
+                print()
             print(format_dataset_versions(dataset.name, list_dataset_versions(profile.store(), dataset.name)))
             print()
     return 0

@@ -23,6 +23,7 @@ from pipelines.cli.platform_care import (
     scaffold_command,
     workspace_command,
 )
+from pipelines.cli.predict import predict_command
 from pipelines.cli.reproduce import reproduce_command
 
 
@@ -42,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines",
         description="Run the demo and question model versions: their lineage, differences, reproduction, "
-                    "comments and the production alias; list dataset versions; check the workspace; clean the "
-                    "store. The platform is the one at DAGSTER_HOME.")
+                    "comments and the production alias; predict with a version; list dataset versions; check the "
+                    "workspace; clean the store. The platform is the one at DAGSTER_HOME.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, func) -> argparse.ArgumentParser:
@@ -87,6 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-6,
                    help="Largest absolute difference of a figure counted as reproduced (default 1e-6).")
     p.add_argument("--work-dir", default=None, help="Where to train (default: <data root>/reproductions/...).")
+
+    p = command("predict", "Load a registered model version and predict on INPUT: a CSV file of feature rows (table "
+                           "models), an image file (image models) or a text prompt (text models; a language model "
+                           "continues it).", predict_command)
+    model_arg(p)
+    p.add_argument("input", metavar="INPUT", help="CSV file, image file or text prompt.")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--version", type=version_number, default=None, help="Version number (default: the newest).")
+    which.add_argument("--alias", default=None, help="Use the version an alias points at, e.g. production.")
+    p.add_argument("--max-new-tokens", type=int, default=40, help="Tokens a language model adds (default 40).")
+    p.add_argument("--seed", type=int, default=0, help="Sampling seed of a language model (default 0).")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="Sampling temperature of a language model (default 1.0).")
+    p.add_argument("--top-k", type=int, default=None, help="Sample among the k likeliest tokens (default: all).")
+    p.add_argument("--json", action="store_true", help="Print the predictions as JSON.")
 
     p = command("comment", "Record a note on a version: in the store, in `lineage` and in the asset's history in "
                            "the Dagster UI.", comment_command)

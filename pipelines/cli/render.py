@@ -63,9 +63,21 @@ def format_production(alias: dict, version: int) -> str:
 def format_versions(records: list[dict], production_version: int | None, comment_counts: list[int]) -> str:
     """One line per version, oldest first; ``comment_counts`` in the same order as ``records``."""
     rows = [["production" if production_version == r["version"] else "", f"v{r['version']}", r["created_at"],
-             f"{r['evaluation']['test']['accuracy']:.4f}", r["data"]["shards_commit"][:12], str(n)]
+             headline(r["evaluation"]["test"]), r["data"]["shards_commit"][:12], str(n)]
             for r, n in zip(records, comment_counts, strict=True)]
-    return "\n".join(table(["alias", "version", "created", "test acc", "shards", "comments"], rows, indent=""))
+    header = "test acc" if all(headline(r["evaluation"]["test"])[0].isdigit() for r in records) else "test metric"
+    return "\n".join(table(["alias", "version", "created", header, "shards", "comments"], rows, indent=""))
+
+
+# The one figure a versions listing shows per task: accuracy where there is one, else the task's own.
+# (Language models report a next-token accuracy too; their figure is perplexity.)
+_HEADLINE = ("perplexity", "accuracy", "r2", "micro_f1", "loss")
+
+
+def headline(test: dict) -> str:
+    """``0.9711`` for a classifier's accuracy (the column's classic figure), ``perplexity 8.2301`` else."""
+    name = next(k for k in _HEADLINE if k in test)
+    return f"{test[name]:.4f}" if name == "accuracy" else f"{name} {test[name]:.4f}"
 
 
 def format_dataset_versions(dataset: str, versions: list) -> str:

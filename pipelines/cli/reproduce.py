@@ -12,13 +12,16 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from core.lineage import scalar_metrics
 from core.registry import read_lineage, version_prefix, version_tag
 from pipelines.cli.errors import ReproductionError
 from pipelines.cli.render import format_reproduction
 from pipelines.profiles import REPO_ROOT, Profile
 
 # The parts of the recorded config the training runtime reads.
-RUNTIME_KEYS = ("model", "data", "train", "checkpoint", "output_dir", "telemetry")
+RUNTIME_KEYS = ("model", "data", "train", "checkpoint", "output_dir", "telemetry", "task", "train_fn", "validation")
+# A version's weights: safetensors since model cards; weights.pt (a pickled state dict) before.
+WEIGHT_FILES = ("model.safetensors", "weights.pt")
 
 
 def reproduction_config(record: dict, manifest: dict, locations: dict[str, str], work_dir: Path) -> dict:
@@ -47,14 +50,21 @@ def code_warnings(version: int, original: dict, current: dict) -> list[str]:
     return out
 
 
-def max_weight_difference(original: bytes, reproduced: bytes) -> float:
-    """Largest absolute difference between two state dicts' tensors (inf if their shapes differ)."""
+def load_state(data: bytes, name: str) -> dict:
+    """A state dict from a version's weights file (safetensors, or a legacy weights.pt)."""
     import io
 
     import torch
 
-    a = torch.load(io.BytesIO(original), map_location="cpu", weights_only=True)
-    b = torch.load(io.BytesIO(reproduced), map_location="cpu", weights_only=True)
+    if name.endswith(".safetensors"):
+        from safetensors.torch import load
+
+        return load(data)
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def max_weight_difference(a: dict, b: dict) -> float:
+    """Largest absolute difference between two state dicts' tensors (inf if their shapes differ)."""
     if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
         return math.inf
     return max((float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel()), default=0.0)
@@ -68,9 +78,9 @@ def reproduction_rows(original: dict, repro: dict, tolerance: float) -> list[tup
     """
     pairs = [("final training loss", original["training_figures"].get("final_loss"), repro["final_loss"]),
              ("steps", original["training_figures"].get("steps"), repro["steps"])]
-    for split in ("test", "validation"):
-        for k in ("accuracy", "loss"):
-            pairs.append((f"{split} {k}", original["evaluation"][split][k], repro[split][k]))
+    for split in ("test", "validation"):  # every scalar metric the version recorded (they differ by task)
+        for k, v in scalar_metrics(original["evaluation"][split]).items():
+            pairs.append((f"{split} {k}", v, repro[split].get(k)))
     rows: list[tuple[str, object, object, bool | None]] = []
     for name, a, b in pairs:
         numeric = isinstance(a, (int, float)) and isinstance(b, (int, float))
@@ -124,12 +134,16 @@ def reproduce_command(args: argparse.Namespace) -> int:
           f"seed {record['training']['seed']}, {world_size} rank(s), work dir {work_dir}", flush=True)
     output = run_torchrun(config, world_size, work_dir.resolve())
     trained = json.loads((output / "metrics.json").read_text())
-    weights = (output / "weights.pt").read_bytes()
-    original_weights = store.get_object(version_tag(args.model, record["version"]),
-                                        version_prefix(args.model, record["version"]) + "weights.pt")
+    weights = (output / WEIGHT_FILES[0]).read_bytes()
+    tag, prefix = version_tag(args.model, record["version"]), version_prefix(args.model, record["version"])
+    held = {o.path[len(prefix):] for o in store.list_objects(tag, prefix=prefix)}
+    name = next((n for n in WEIGHT_FILES if n in held), None)
+    if name is None:
+        raise ReproductionError(f"{args.model} v{record['version']} holds no weights file ({' or '.join(WEIGHT_FILES)})")
+    original_state = load_state(store.get_object(tag, prefix + name), name)
     repro = {"final_loss": trained["final_loss"], "steps": trained["steps"],
              "weights_sha256": hashlib.sha256(weights).hexdigest(),
-             "max_weight_difference": max_weight_difference(original_weights, weights),
+             "max_weight_difference": max_weight_difference(original_state, load_state(weights, WEIGHT_FILES[0])),
              "test": evaluate(output, manifest, locations, split="test", s3_endpoint_url=endpoint),
              "validation": evaluate(output, manifest, locations, split="validation", s3_endpoint_url=endpoint)}
     rows = reproduction_rows(record, repro, args.tolerance)

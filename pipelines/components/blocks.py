@@ -21,7 +21,7 @@ from pydantic import Field, PrivateAttr, TypeAdapter, ValidationError
 from core.spec import (
     PipelineDefinitionError,
     PipelineSpec,
-    QualityGate,
+    gate_from,
     QualitySuite,
     Recipe,
     Split,
@@ -186,8 +186,13 @@ class DatasetBlock(Block):
     loader: str | None = Field(default=None, description="Instead of source: 'package.module:function' "
                                "returning a DataFrame.")
     features: list[str] = Field(description="Feature columns, in the order models read them.")
-    label: str = Field(description="Label column.")
-    classes: list[str | int] = Field(description="Class names (at least two).")
+    task: str = Field(default="classification", description="classification (label, classes), regression "
+                      "(label: a numeric column) or multilabel (labels: one 0/1 column per label).")
+    label: str = Field(default="", description="Label column (classification), or target column (regression).")
+    classes: list[str | int] = Field(default_factory=list, description="Class names (classification: at least two).")
+    labels: list[str] = Field(default_factory=list, description="Multilabel: the 0/1 column of each label.")
+    target_range: list[float] | None = Field(default=None, description="Regression: [low, high] every target "
+                                             "must lie in.")
     id_column: str | None = Field(default=None, description="Unique id column (split key).")
     feature_shape: list[int] | None = Field(default=None, description="Shape of one sample's features, e.g. "
                                             "[8, 8]; default: [number of features].")
@@ -211,8 +216,9 @@ class DatasetBlock(Block):
     def _spec(self) -> PipelineSpec:
         n = self.name
         return dataset_pipeline(
-            n, source=_source(n, self.source, self.loader), features=self.features,
-            label=self.label, classes=self.classes, id_column=self.id_column,
+            n, source=_source(n, self.source, self.loader), features=self.features, task=self.task,
+            label=self.label, classes=self.classes, labels=self.labels, target_range=self.target_range,
+            id_column=self.id_column,
             expectations=_suite(n, self.expectations),
             triggers=_section(n, "triggers", Triggers, self.triggers), feature_shape=self.feature_shape,
             split=_section(n, "split", Split, self.split), team=self.team, description=self.description)
@@ -232,8 +238,12 @@ class TrainingBlock(Block):
     model_name: str = Field(description="Registry name (mlp, cnn, transformer) or 'package.module:factory'.")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Model constructor arguments.")
     recipe: dict[str, Any] = Field(default_factory=dict, description=_RECIPE_HELP)
-    gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate: min_test_accuracy, "
-                                 "max_test_loss.")
+    gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate: bounds on evaluation metrics, "
+                                 "e.g. test_accuracy: {min: 0.9} or test_perplexity: {max: 12}.")
+    task: str = Field(default="classification", description="What the model learns: classification, regression, "
+                      "multilabel, language_modeling (the dataset's task), or 'package.module:TaskClass'.")
+    train: str | None = Field(default=None, description="'package.module:function' run on every rank with a "
+                              "TrainingContext instead of the built-in training loop.")
     triggers: dict[str, Any] = Field(default_factory=dict, description="When it retrains on its own: cron, "
                                      "timezone, on_new_data, sensor_interval_s, active (the dataset block's "
                                      "job trains it too).")
@@ -253,8 +263,8 @@ class TrainingBlock(Block):
         return model_pipeline(
             n, dataset=self.dataset, dataset_location=self.dataset_location, dataset_version=self.dataset_version,
             model=self.model_name, model_kwargs=self.model_kwargs, recipe=_section(n, "recipe", Recipe, self.recipe),
-            gate=_section(n, "gate", QualityGate, self.gate), triggers=_section(n, "triggers", Triggers, self.triggers),
-            team=self.team, description=self.description)
+            gate=gate_from(n, self.gate), triggers=_section(n, "triggers", Triggers, self.triggers),
+            team=self.team, description=self.description, task=self.task, train=self.train)
 
 
 @dg.scaffold_with(BlockScaffolder)
@@ -265,14 +275,19 @@ class ModelPipelineComponent(Block):
     loader: str | None = Field(default=None, description="'package.module:function' returning a DataFrame.")
     dataset: str | None = Field(default=None, description="Train on this other pipeline's shards instead.")
     features: list[str] = Field(default_factory=list, description="Feature columns.")
-    label: str = Field(default="", description="Label column.")
+    label: str = Field(default="", description="Label column (classification), or target column (regression).")
     classes: list[str | int] = Field(default_factory=list, description="Known class names.")
+    labels: list[str] = Field(default_factory=list, description="Multilabel: the 0/1 column of each label.")
+    target_range: list[float] | None = Field(default=None, description="Regression: [low, high] of the targets.")
     id_column: str | None = Field(default=None, description="Unique id column (split key).")
     expectations: str | None = Field(default=None, description="'package.module:attribute' of a QualitySuite.")
     model_name: str = Field(default="mlp", description="Registry name (mlp, cnn, transformer) or import path.")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Model constructor arguments.")
     recipe: dict[str, Any] = Field(default_factory=dict, description=_RECIPE_HELP)
-    gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate (min_test_accuracy, ...).")
+    gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate: bounds on evaluation metrics, "
+                                 "e.g. test_accuracy: {min: 0.9}.")
+    task: str = Field(default="classification", description="classification, regression or multilabel.")
+    train: str | None = Field(default=None, description="'package.module:function': your own training loop.")
     triggers: dict[str, Any] = Field(default_factory=dict, description="cron, on_new_data, active.")
     split: dict[str, Any] = Field(default_factory=dict, description="Split seed and fractions.")
     team: str = Field(default="ml", description="Team, for queue limits.")
@@ -290,10 +305,12 @@ class ModelPipelineComponent(Block):
         n = self.name
         return model_pipeline(
             n, source=_source(n, self.source, self.loader), dataset=self.dataset, features=self.features,
-            label=self.label, classes=self.classes, id_column=self.id_column,
+            label=self.label, classes=self.classes, labels=self.labels, target_range=self.target_range,
+            id_column=self.id_column,
             expectations=_suite(n, self.expectations), model=self.model_name, model_kwargs=self.model_kwargs,
-            recipe=_section(n, "recipe", Recipe, self.recipe), gate=_section(n, "gate", QualityGate, self.gate),
+            recipe=_section(n, "recipe", Recipe, self.recipe), gate=gate_from(n, self.gate),
             triggers=_section(n, "triggers", Triggers, self.triggers),
-            split=_section(n, "split", Split, self.split), team=self.team, description=self.description)
+            split=_section(n, "split", Split, self.split), team=self.team, description=self.description,
+            task=self.task, train=self.train)
 
 

@@ -29,8 +29,11 @@ attributes:
   source: []  # REQUIRED (or loader), e.g. [my_dataset/*.csv]
   # loader: my_package.my_module:load_frame
   features: []  # REQUIRED: the feature columns, in the order models read them, e.g. [x1, x2]
-  label:  # REQUIRED: the label column
-  classes: []  # REQUIRED: at least two class names, e.g. [cat, dog] or [0, 1]
+  # task: classification  # or regression (label: a numeric column) or multilabel (labels)
+  label:  # REQUIRED (classification, regression): the label column, or the numeric target column
+  classes: []  # REQUIRED for classification: at least two class names, e.g. [cat, dog] or [0, 1]
+  # labels: []  # multilabel: the 0/1 column of each label, e.g. [urgent, billing]
+  # target_range: null  # regression: [low, high] every target must lie in
   # id_column: null  # a unique id per row; the train/validation/test split is keyed on it
   # feature_shape: null  # shape of one sample's features, e.g. [8, 8]; default: [number of features]
   # expectations: my_package.my_module:suite  # a QualitySuite; default: QualitySuite.standard()
@@ -49,12 +52,15 @@ attributes:
   dataset:  # REQUIRED: a dataset block (or pipeline) of this code location, or with dataset_location another's
   # dataset_location: null  # the code location that publishes the dataset, when it is another team's
   # dataset_version: null  # with dataset_location: pin '<dataset>-d<N>'; default: the newest published
-  model_name:  # REQUIRED: mlp, cnn, transformer, or 'package.module:factory'
+  model_name:  # REQUIRED: mlp, cnn, resnet, transformer, transformer_lm, text_transformer, or 'package.module:factory'
   # model_kwargs: {}  # model constructor arguments, e.g. {hidden_sizes: [128, 64]}
+  # task: classification  # the dataset's task; or 'package.module:TaskClass' (your loss, metrics, predictions)
+  # train: null  # 'package.module:function' run on every rank with a TrainingContext instead of the built-in loop
   # recipe:  # how to train. Placement: gpus_per_node, nnodes and gpu_resource_name are all the
   #          # spec says about where training runs (no node selectors or tolerations yet).
 $recipe
-  # gate:  # a model version reaches main only when it meets these
+  # gate:  # a model version reaches main only when it meets these; any metric as <split>_<metric>: {min/max}
+  #   test_accuracy: {min: 0.9}
 $gate
   # triggers:  # when it retrains on its own (the dataset's job trains it too)
 $triggers
@@ -73,10 +79,14 @@ attributes:
   features: []  # REQUIRED unless dataset: the feature columns, e.g. [x1, x2]
   label:  # REQUIRED unless dataset: the label column
   classes: []  # REQUIRED unless dataset: at least two class names, e.g. [cat, dog]
+  # labels: []  # task multilabel: the 0/1 column of each label
+  # target_range: null  # task regression: [low, high] of the targets
   # id_column: null  # a unique id per row; the split is keyed on it
   # expectations: my_package.my_module:suite  # a QualitySuite; default: QualitySuite.standard()
   # model_name: mlp  # mlp, cnn, transformer, or 'package.module:factory'
   # model_kwargs: {}  # model constructor arguments
+  # task: classification  # or regression (label: a numeric column) or multilabel
+  # train: null  # 'package.module:function': your own training loop, run on every rank
   # recipe:  # how to train (placement: gpus_per_node, nnodes, gpu_resource_name only)
 $recipe
   # gate:

@@ -1,5 +1,6 @@
 """Example image data: circles, squares and triangles drawn with Pillow, as a user brings a photo
-folder (one sub-folder per class of JPEGs), and the dataset pipeline that shards them."""
+folder (one sub-folder per class of JPEGs); the dataset pipeline that shards them, and a small
+ResNet trained on them with seeded crop-and-flip augmentation."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipelines.api import ImageFolder, ImagePreprocessing, dataset_pipeline
+from pipelines.api import ImageFolder, ImagePreprocessing, dataset_pipeline, model_pipeline
 from training_runtime.atomic_files import fsync_path, replace_durably
 
 ROOT = "shapes"
@@ -77,4 +78,16 @@ shapes_dataset = dataset_pipeline(
     preprocessing=ImagePreprocessing(size=(64, 64)),
     description="Circles, squares and triangles drawn with Pillow (96x96 JPEGs with noise), cropped to 64x64 "
                 "RGB: a small image classification dataset.",
+)
+
+shapes_resnet = model_pipeline(
+    "shapes_resnet",
+    dataset="shapes",
+    model="resnet",
+    model_kwargs={"widths": [16, 32, 64]},
+    recipe={"epochs": 6, "batch_size": 32, "lr": 0.003, "world_size": 2, "checkpoint_every_steps": 20,
+            "augment_padding": 4, "augment_hflip": True},
+    gate={"test_accuracy": {"min": 0.8}},
+    description="A small ResNet (residual blocks, batch norm) that tells circles, squares and triangles apart; "
+                "random crops and flips, the best validation accuracy's weights registered.",
 )

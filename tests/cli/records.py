@@ -14,7 +14,7 @@ BASE = {
     "model": "toy",
     "version": 1,
     "created_at": "2026-11-29T10:00:00+00:00",
-    "checkpoint": {"uri": "file:///tmp/w.pt", "sha256": "a" * 64, "store_path": "models/toy/checkpoints/r/weights.pt",
+    "checkpoint": {"uri": "file:///tmp/w.pt", "sha256": "a" * 64, "store_path": "models/toy/checkpoints/r/model.safetensors",
                    "commit": "c" * 64},
     "data": {"backend": "local", "repository": "model-factory", "dataset": "toy", "raw_commit": "1" * 64,
              "shards_commit": "2" * 64, "manifest_path": "datasets/toy/shards/manifest.json"},

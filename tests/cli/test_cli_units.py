@@ -122,21 +122,25 @@ def test_reproduction_rows_flag_differences_beyond_tolerance():
     assert marked == [["validation", "accuracy"]]
 
 
-def test_max_weight_difference_compares_tensors():
+def test_max_weight_difference_compares_tensors_of_either_weights_format():
     import io
 
     import torch
+    from safetensors.torch import save
 
-    def saved(sd):
+    def pickled(sd):  # versions registered before model cards kept weights.pt
         buf = io.BytesIO()
         torch.save(sd, buf)
-        return buf.getvalue()
+        return reproduce.load_state(buf.getvalue(), "weights.pt")
+
+    def safetensors(sd):
+        return reproduce.load_state(save(sd), "model.safetensors")
 
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
     b = {"w": torch.tensor([1.0, 2.25]), "b": torch.tensor([0.5])}
-    assert reproduce.max_weight_difference(saved(a), saved(a)) == 0.0
-    assert reproduce.max_weight_difference(saved(a), saved(b)) == 0.25
-    assert reproduce.max_weight_difference(saved(a), saved({"w": torch.zeros(3), "b": torch.zeros(1)})) == float("inf")
+    assert reproduce.max_weight_difference(pickled(a), safetensors(a)) == 0.0
+    assert reproduce.max_weight_difference(safetensors(a), safetensors(b)) == 0.25
+    assert reproduce.max_weight_difference(pickled(a), pickled({"w": torch.zeros(3), "b": torch.zeros(1)})) == float("inf")
 
 
 def test_code_warnings():

@@ -59,7 +59,7 @@ def _register(store, model: str, shards_commit: str, dataset: str = "digits", da
     data = {"dataset": dataset, "shards_commit": shards_commit, "raw_commit": shards_commit,
             **({"dataset_version": dataset_version} if dataset_version else {})}
     return register_version(store, branch, model, lambda v: {"model": model, "version": v, "data": data},
-                            b"weights", {}).version
+                            {"model.safetensors": b"weights"}, {}).version
 
 
 # --- names -------------------------------------------------------------------------------------------

@@ -115,15 +115,15 @@ def _work_dir(root: Path, model: str, run: str, weights: bytes, when: float) -> 
     (d / "checkpoints").mkdir(parents=True)
     (d / "checkpoints" / "step-40.pt").write_bytes(b"state " + weights)
     (d / "output").mkdir()
-    (d / "output" / "weights.pt").write_bytes(weights)
+    (d / "output" / "model.safetensors").write_bytes(weights)
     _age_tree(d, when)
     return d
 
 
 def _commit_checkpoint(store, artifacts, tmp: Path, run: str, weights: bytes) -> tuple[str, str, str]:
     """What the training op does: weights to the artifact store and to the run branch, committed."""
-    key = f"models/toy/checkpoints/{run}/weights.pt"
-    local = tmp / f"{run}-weights.pt"
+    key = f"models/toy/checkpoints/{run}/model.safetensors"
+    local = tmp / f"{run}-model.safetensors"
     local.write_bytes(weights)
     uri = artifacts.put_file(local, key)
     store.put_file(f"run-{run}", key, local)
@@ -160,7 +160,7 @@ def _build_world(tmp_path: Path, clock: pytest.MonkeyPatch) -> World:
                                "checkpoint.sha256": hashlib.sha256(weights).hexdigest(),
                                "checkpoint.commit": checkpoint_commit, "data.raw_commit": raw_commit,
                                "data.shards_commit": shards_commit, "dagster.run_id": "train1"})
-    register_version(store, "run-train1", "toy", lambda v: {**record, "version": v}, weights, {})
+    register_version(store, "run-train1", "toy", lambda v: {**record, "version": v}, {"model.safetensors": weights}, {})
     _work_dir(data_root / "checkpoints", "toy", "train1", weights, old)
     # A retry registers under its own run id but trains in its root run's dir: same weights.
     _work_dir(data_root / "checkpoints", "toy", "root0", weights, old)
@@ -178,7 +178,7 @@ def _build_world(tmp_path: Path, clock: pytest.MonkeyPatch) -> World:
     # A retry in flight: a fresh branch at main's old head, resuming in its root run's dir.
     store.create_branch("run-live", MAIN)
     (scratch / "live.pt").write_bytes(b"live")
-    artifacts.put_file(scratch / "live.pt", "models/toy/checkpoints/live/weights.pt")
+    artifacts.put_file(scratch / "live.pt", "models/toy/checkpoints/live/model.safetensors")
     _work_dir(data_root / "checkpoints", "toy", "live-root", b"live", old)
 
     # Shards that only the latest materialization of an asset points at.
@@ -188,7 +188,7 @@ def _build_world(tmp_path: Path, clock: pytest.MonkeyPatch) -> World:
 
     # A checkpoint whose run branch was removed by hand: its age is unknown.
     (scratch / "ghost.pt").write_bytes(b"ghost")
-    artifacts.put_file(scratch / "ghost.pt", "models/toy/checkpoints/ghost/weights.pt")
+    artifacts.put_file(scratch / "ghost.pt", "models/toy/checkpoints/ghost/model.safetensors")
     # Not a checkpoint: housekeeping leaves other artifact keys alone.
     artifacts.put_file(scratch / "ghost.pt", "exports/toy/model.onnx")
 
@@ -216,7 +216,7 @@ def _build_world(tmp_path: Path, clock: pytest.MonkeyPatch) -> World:
 def _expected_deletions(w: World) -> set[tuple[str, str]]:
     return {
         (RUN_BRANCH, "run-train1"), (RUN_BRANCH, "run-empty"), (RUN_BRANCH, "run-failed"),
-        (ARTIFACT, "models/toy/checkpoints/failed/weights.pt"),
+        (ARTIFACT, "models/toy/checkpoints/failed/model.safetensors"),
         (CHECKPOINT_DIR, str(w.checkpoints / "toy" / "failed")),
         (REPRODUCTION, str(w.reproductions / "toy-v1-20261101T000000Z")),
     }
@@ -227,11 +227,11 @@ def _assert_lineage_intact(w: World) -> None:
     for name, commit in commit_ids(record).items():
         assert w.store.get_commit(commit).id == commit, name
     assert w.store.get_object(record["checkpoint"]["commit"], record["checkpoint"]["store_path"]) == w.weights
-    assert w.store.get_object(version_tag("toy", 1), "models/toy/versions/v1/weights.pt") == w.weights
+    assert w.store.get_object(version_tag("toy", 1), "models/toy/versions/v1/model.safetensors") == w.weights
     assert w.artifacts.exists(w.registered_key)
     assert w.artifacts.uri(w.registered_key) == record["checkpoint"]["uri"]
-    assert (w.checkpoints / "toy" / "train1" / "output" / "weights.pt").read_bytes() == w.weights
-    assert (w.checkpoints / "toy" / "root0" / "output" / "weights.pt").is_file()
+    assert (w.checkpoints / "toy" / "train1" / "output" / "model.safetensors").read_bytes() == w.weights
+    assert (w.checkpoints / "toy" / "root0" / "output" / "model.safetensors").is_file()
 
 
 def test_plan_lists_exactly_the_stale_things_with_reasons(tmp_path, monkeypatch):
@@ -241,15 +241,15 @@ def test_plan_lists_exactly_the_stale_things_with_reasons(tmp_path, monkeypatch)
     reasons = {d.target: d.reason for d in plan.deletions}
     assert reasons["run-train1"].startswith("merged") and reasons["run-empty"].startswith("merged")
     assert reasons["run-failed"].startswith("not merged")
-    assert "registered no version" in reasons["models/toy/checkpoints/failed/weights.pt"]
+    assert "registered no version" in reasons["models/toy/checkpoints/failed/model.safetensors"]
     kept = {k.target: k.reason for k in plan.kept}
     assert kept == {
         "run-data1": kept["run-data1"], "run-live": "its run is still in flight",
         "run-shards2": "holds commit " + w.store.resolve_ref("run-shards2")[:12]
                        + ", not on main, used by the latest materialization of an asset",
         w.registered_key: "checkpoint of registered toy v1",
-        "models/toy/checkpoints/live/weights.pt": "its run live is still in flight",
-        "models/toy/checkpoints/ghost/weights.pt": "its run branch run-ghost is gone, so its age is unknown",
+        "models/toy/checkpoints/live/model.safetensors": "its run live is still in flight",
+        "models/toy/checkpoints/ghost/model.safetensors": "its run branch run-ghost is gone, so its age is unknown",
         str(w.checkpoints / "toy" / "train1"): "checkpoint dir of registered toy v1",
         str(w.checkpoints / "toy" / "root0"): "checkpoint dir of registered toy v1",
         str(w.checkpoints / "toy" / "live-root"): "its run live-root (or a retry of it) is still in flight",
@@ -268,8 +268,8 @@ def test_apply_deletes_the_plan_and_keeps_what_lineage_points_at(tmp_path, monke
     assert applied.deleted == plan.deletions and applied.skipped == ()
     assert set(w.store.list_branches()) == {MAIN, "run-data1", "run-live", "run-shards2", "run-recent", "feature"}
     assert sorted(w.artifacts.list_keys()) == sorted([
-        "exports/toy/model.onnx", "models/toy/checkpoints/ghost/weights.pt",
-        "models/toy/checkpoints/live/weights.pt", "models/toy/checkpoints/recent/weights.pt", w.registered_key])
+        "exports/toy/model.onnx", "models/toy/checkpoints/ghost/model.safetensors",
+        "models/toy/checkpoints/live/model.safetensors", "models/toy/checkpoints/recent/model.safetensors", w.registered_key])
     assert sorted(p.name for p in (w.checkpoints / "toy").iterdir()) == ["live-root", "recent", "root0", "train1"]
     assert [p.name for p in w.reproductions.iterdir()] == ["toy-v1-20261129T000000Z"]
     _assert_lineage_intact(w)

@@ -34,7 +34,7 @@ def test_demo_job_registers_versions_with_resolvable_lineage(platform):
     assert len(record["checkpoint"]["sha256"]) == 64
     # The published version is on main, and its weights match the record's checksum.
     import hashlib
-    weights = store.get_object("main", "models/digits/versions/v1/weights.pt")
+    weights = store.get_object("main", "models/digits/versions/v1/model.safetensors")
     assert hashlib.sha256(weights).hexdigest() == record["checkpoint"]["sha256"]
     # Data versions are store commit ids.
     mats = {e.asset_key.path[-1]: e for e in first.get_asset_materialization_events()}

@@ -76,5 +76,5 @@ def published_whole_or_untouched(store, main_before: str, model: str = "digits")
         return True
     paths = {o.path for o in store.list_objects("main", prefix=f"models/{model}/versions/")}
     versions = {p.split("/")[3] for p in paths}
-    return all({f"models/{model}/versions/{v}/lineage.json", f"models/{model}/versions/{v}/weights.pt"} <= paths
+    return all({f"models/{model}/versions/{v}/lineage.json", f"models/{model}/versions/{v}/model.safetensors"} <= paths
                for v in versions) and bool(versions)
