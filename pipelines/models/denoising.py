@@ -1,10 +1,10 @@
 """A denoising autoencoder on the digits' pixels, trained by its own loop: the pipeline names a
-model factory, a task and a training function by import path (pipelines/models/denoising_train.py,
-imported by the training workers only), and trains on the digits pipeline's shards."""
+model factory, a task and a training function by import path (training_runtime/examples/denoising.py,
+plain PyTorch that the training image holds), and trains on the digits pipeline's shards."""
 
 from pipelines.api import model_pipeline
 
-CODE = "pipelines.models.denoising_train"
+CODE = "training_runtime.examples.denoising"
 
 digits_denoiser = model_pipeline(
     "digits_denoiser",

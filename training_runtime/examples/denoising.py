@@ -1,6 +1,7 @@
-"""The denoising autoencoder's own code, imported by the training pods (never when definitions
-load: it imports torch). A model factory, a task (loss, metric, predictions for evaluation and
-serving) and a training function run on every rank with the platform's TrainingContext."""
+"""A denoising autoencoder's own code, as a user writes it: a model factory, a task (loss, metric and
+predictions for evaluation and serving) and a training function run on every rank with the
+platform's TrainingContext. Imported by the training workers and by evaluation, never when
+definitions load (it imports torch); pipelines/models/denoising.py names it by import path."""
 
 import math
 
