@@ -288,3 +288,19 @@ def test_top_level_help_lists_every_command(capsys):
     out = capsys.readouterr().out
     for command in COMMANDS:
         assert command in out
+
+
+def test_reproduction_rows_cover_every_metric_a_task_records():
+    from tests.cli.records import make_record
+
+    original = make_record(evaluation={"test": {"loss": 0.5, "perplexity": 1.65, "accuracy": 0.4, "num_tokens": 900,
+                                           "num_samples": 7},
+                                  "validation": {"loss": 0.6, "perplexity": 1.82, "accuracy": 0.38,
+                                                 "num_tokens": 800, "num_samples": 6}})
+    repro = {"final_loss": original["training_figures"]["final_loss"], "steps": original["training_figures"]["steps"],
+             "weights_sha256": "b" * 64, "max_weight_difference": 0.0,
+             "test": {"loss": 0.5, "perplexity": 1.65, "accuracy": 0.4},
+             "validation": {"loss": 0.6, "perplexity": 1.9, "accuracy": 0.38}}
+    rows = {name: ok for name, _, _, ok in reproduce.reproduction_rows(original, repro, tolerance=1e-3)}
+    assert rows["test perplexity"] is True and rows["validation perplexity"] is False
+    assert "test num_tokens" not in rows and "test num_samples" not in rows

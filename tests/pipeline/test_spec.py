@@ -51,7 +51,45 @@ def test_shards_are_sized_in_bytes_unless_a_count_is_given():
 
 
 def test_model_import_path_is_accepted_and_resolved_by_the_runtime():
-    assert _spec(model="pkg.module:factory").model == "pkg.module:factory"
+    path = "tests.runtime.user_model:tiny_linear"
+    assert _spec(model=path).model == path
+
+
+@pytest.mark.parametrize("kw, field, says", [
+    # Import paths: the module must exist (found, not imported: definitions never import torch).
+    ({"model": "no_such_pkg.nets:factory"}, "model", "no module 'no_such_pkg.nets' can be imported"),
+    ({"train": "no_such_pkg.loops:main"}, "train", "no module 'no_such_pkg.loops'"),
+    ({"train": "not an import path"}, "train", "must look like 'package.module:function'"),
+    ({"task": "no_such_pkg.tasks:Mine"}, "task", "no module 'no_such_pkg.tasks'"),
+    # Quality gates: any metric of the task, as <split>_<metric>, with min and/or max.
+    ({"gate": {"test_perplexity": {"max": 12}}}, "gate.test_perplexity", "task 'classification' does not produce 'perplexity'"),
+    ({"gate": {"perplexity": {"max": 12}}}, "gate.perplexity", "<split>_<metric>"),
+    ({"gate": {"test_accuracy": {"above": 0.9}}}, "gate.test_accuracy", "'min': number"),
+    ({"task": "regression", "classes": [], "gate": {"test_accuracy": {"min": 0.9}}}, "gate.test_accuracy",
+     "task 'regression' does not produce 'accuracy'"),
+    ({"recipe": {"monitor": "perplexity"}}, "recipe.monitor", "not a metric of task 'classification'"),
+    ({"recipe": {"early_stopping_patience": 0}}, "recipe.early_stopping_patience", "at least 1"),
+    ({"recipe": {"augment_hflip": True}}, "recipe.augment_hflip", "not an image folder"),
+])
+def test_training_code_gates_and_validation_are_checked_when_definitions_load(kw, field, says):
+    args = dict(source="x.csv", features=["a"], label="y", classes=[0, 1]) | kw
+    with pytest.raises(PipelineDefinitionError, match=rf"pipeline 'api', field '{field}'") as err:
+        model_pipeline("api", **args)
+    assert says in str(err.value)
+
+
+def test_gates_on_any_metric_are_kept_and_checked_against_the_evaluation():
+    spec = model_pipeline("api", source="x.csv", features=["a"], label="y", task="regression",
+                          gate={"test_r2": {"min": 0.5}, "validation_mae": {"max": 40}})
+    assert spec.gate.all_bounds() == {"test_r2": {"min": 0.5}, "validation_mae": {"max": 40}}
+    ok = {"test": {"r2": 0.6}, "validation": {"mae": 30.0}}
+    assert spec.gate.failures(ok) == []
+    bad = {"test": {"r2": 0.4}, "validation": {}}
+    assert spec.gate.failures(bad) == ["test r2 0.4000 is below the gate's minimum 0.5",
+                                       "validation mae: the evaluation has no such metric (it has [])"]
+    classic = model_pipeline("api", source="x.csv", features=["a"], label="y", classes=[0, 1],
+                             gate={"min_test_accuracy": 0.9})
+    assert classic.gate.all_bounds() == {"test_accuracy": {"min": 0.9}}
 
 
 # --- shared datasets, suites, triggers, the model_pipeline API and YAML components ------------------

@@ -80,6 +80,22 @@ def make_regression(root: Path, *, sizes=(160, 40, 40), dim: int = 6, seed: int 
                         target_normalisation={"mean": float(train_y.mean()), "std": float(train_y.std())})
 
 
+def make_multilabel(root: Path, *, sizes=(160, 40, 40), dim: int = 6, labels: int = 3, seed: int = 0):
+    """Label j is on when feature j is positive (plus a little label noise)."""
+    rng = np.random.default_rng(seed)
+    columns = [Column("features", "ndarray", "input", "float32", (dim,)),
+               Column("target", "ndarray", "target", "float32", (labels,)), Column("id", "str", "id")]
+    splits = {}
+    for split, n in zip(SPLITS, sizes):
+        x = rng.normal(size=(n, dim)).astype(np.float32)
+        y = (x[:, :labels] > 0) ^ (rng.random((n, labels)) < 0.03)
+        splits[split] = {"features": x, "target": y.astype(np.float32), "id": [f"{split}-{i}" for i in range(n)]}
+    names = [f"tag{j}" for j in range(labels)]
+    return write_splits(root, columns, splits, per_shard=64, kind="table", task="multilabel",
+                        feature_columns=[f"x{i}" for i in range(dim)], feature_shape=[dim], target_names=names,
+                        num_classes=labels)
+
+
 def config(root: Path, manifest: dict, locations: dict, name: str, *, model: str, model_kwargs: dict, task: str,
            train: dict | None = None, validation: dict | None = None, **extra) -> dict:
     return {
