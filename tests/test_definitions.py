@@ -20,10 +20,16 @@ def test_definitions_module_loads_all_assets_and_jobs(tmp_path, monkeypatch):
     dg.Definitions.validate_loadable(defs)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     for spec in PIPELINES:
-        stages = ("raw_dataset", "shards", "checkpoint", "model_version") if spec.trains else ("raw_dataset", "shards")
+        data = () if spec.dataset else ("raw_dataset", "shards")  # a model on a dataset reads its shards
+        stages = data + (("checkpoint", "model_version") if spec.trains else ())
         assert {f"{spec.name}/{s}" for s in stages} <= keys
-        defs.resolve_job_def(f"{spec.name}_training")
-    assert {"shapes/checkpoint", "pydoc/checkpoint"}.isdisjoint(keys)  # datasets alone: no model of their own
+        if spec.dataset:
+            assert {f"{spec.name}/raw_dataset", f"{spec.name}/shards"}.isdisjoint(keys)
+        else:
+            defs.resolve_job_def(f"{spec.name}_training")
+    # datasets alone have no model of their own; the models trained on them do
+    assert {"shapes/checkpoint", "pydoc/checkpoint", "diabetes/checkpoint"}.isdisjoint(keys)
+    assert {"shapes_resnet/model_version", "pydoc_lm/model_version", "diabetes_mlp/model_version"} <= keys
 
 
 def test_workspace_loads_with_dagster_cli(tmp_path):

@@ -127,6 +127,7 @@ class TrainingContext:
         self.saved_model_card: dict | None = None
         self.last_checkpoint_step: int | None = None
         self.resumed_from_step: int | None = None
+        self.train_time_s = 0.0  # a user function's wall time (set by user_loop)
 
     def _checkpoint_fault(self):
         """The fault hook's callback for the checkpoint writer (None without an in-write fault)."""

@@ -128,12 +128,36 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
 
 
+class PerImageStandardize(nn.Module):
+    """Each channel of each image to zero mean and unit variance over its pixels. (What
+    nn.InstanceNorm2d computes, written out: the ONNX exporter warns that InstanceNorm runs in
+    training mode when asked for an eval-mode export.)"""
+
+    def __init__(self, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(dim=(2, 3), keepdim=True)
+        var = x.var(dim=(2, 3), keepdim=True, unbiased=False)
+        return (x - mean) * torch.rsqrt(var + self.eps)
+
+
 class ResNet(nn.Module):
-    """A small ResNet for images: conv3x3 stem, one stage of BasicBlocks per entry of ``widths``
-    (stride 2 between stages), global average pool, dropout, linear head."""
+    """A small ResNet for images: conv3x3 stem (stride ``stem_stride``; 2 quarters the cost on
+    64x64 and larger images), one stage of BasicBlocks per entry of ``widths`` (stride 2 between
+    stages), global average pool, dropout, linear head.
+
+    With ``standardize_input`` each image's channels are first scaled to zero mean and unit
+    variance over the image, so its overall colour and brightness do not reach the network. On
+    the shapes example (random background and shape colours, 400 training images) that is what
+    lets it learn in a few epochs: 10 epochs (AdamW, lr 0.01, weight decay 0.05, cosine, batch
+    32, stem_stride 2) reached 0.66 held-out accuracy with it and 0.29 without it. Turn it off
+    when overall colour or brightness is what tells the classes apart."""
 
     def __init__(self, input_shape: Sequence[int], num_classes: int, widths: Sequence[int] = (32, 64, 128),
-                 blocks_per_stage: int = 1, dropout: float = 0.0, stem_stride: int = 1):
+                 blocks_per_stage: int = 1, dropout: float = 0.0, stem_stride: int = 1,
+                 standardize_input: bool = True):
         super().__init__()
         self.shape = image_shape(input_shape, "resnet")
         widths = list(widths)
@@ -145,6 +169,7 @@ class ResNet(nn.Module):
             raise ValueError(f"model.kwargs.dropout must be in [0, 1), got {dropout}")
         if stem_stride < 1:
             raise ValueError(f"model.kwargs.stem_stride must be >= 1, got {stem_stride}")
+        self.standardize: nn.Module = PerImageStandardize() if standardize_input else nn.Identity()
         self.stem = nn.Sequential(nn.Conv2d(self.shape[0], widths[0], 3, stride=stem_stride, padding=1, bias=False),
                                   nn.BatchNorm2d(widths[0]), nn.ReLU())
         blocks: list[nn.Module] = []
@@ -156,14 +181,15 @@ class ResNet(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout),
                                   nn.Linear(width, num_classes))
-        # He init (torchvision's): larger conv weights than PyTorch's default, so an Adam step
-        # changes them by a smaller fraction and BatchNorm's running statistics keep up.
+        # He init, as torchvision's ResNets: larger conv weights than PyTorch's default, so an
+        # Adam step changes them by a smaller fraction and BatchNorm's running statistics lag less.
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(x.reshape(x.shape[0], *self.shape))))
+        x = self.standardize(x.reshape(x.shape[0], *self.shape))
+        return self.head(self.blocks(self.stem(x)))
 
 
 class SelfAttention(nn.Module):

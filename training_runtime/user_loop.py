@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import time
 from typing import Any, Callable
 
 from training_runtime import checkpoint as ckpt
@@ -37,7 +38,9 @@ def run_train_fn(ctx: TrainingContext) -> dict[str, Any]:
             f"train_fn {path!r}: attempt {ctx.restart_count + 1} follows an attempt that died, and that attempt "
             f"saved no checkpoint in {ctx.config.checkpoint.dir}; call ctx.save_checkpoint(step, state) regularly "
             "(and ctx.restore_checkpoint() at the start) so that a restart resumes instead of starting over")
+    started = time.perf_counter()
     fn(ctx)
+    ctx.train_time_s = time.perf_counter() - started
     if ctx.stop_requested:
         from training_runtime.trainer import TrainingPreempted
 
@@ -65,9 +68,14 @@ def user_metrics(ctx: TrainingContext) -> dict[str, Any]:
     reported = [{k: _plain(v) for k, v in r.items()} for r in ctx.reported]
     losses = [[r["step"], float(r["loss"])] for r in reported
               if isinstance(r.get("loss"), (int, float)) and not isinstance(r.get("loss"), bool)]
+    steps = max(r["step"] for r in reported)
+    trained = steps - (ctx.resumed_from_step or 0)  # this attempt's steps, in the time it took
     return {
         "final_loss": losses[-1][1] if losses else None,
-        "steps": max(r["step"] for r in reported),
+        "steps": steps,
+        # The function's wall time (evaluation and saving included), so a lower bound on its speed.
+        "train_time_s": ctx.train_time_s,
+        "samples_per_second": trained * ctx.config.train.batch_size / max(1e-9, ctx.train_time_s),
         "loss_history": losses,
         "reported": reported,
         "task": ctx.task.name, "train_fn": ctx.config.train_fn,

@@ -104,7 +104,7 @@ def test_a_column_missing_from_one_chunk_fails_its_checks():
 
 
 def test_whole_table_checks_on_the_features_table_are_refused_with_the_fix():
-    with pytest.raises(ValueError, match="needs every feature cell.*per-row expectation"):
+    with pytest.raises(ValueError, match="needs every cell of the source at once.*per-row expectation"):
         ChunkedRawSuite("t", {"features": [E.ExpectColumnMeanToBeBetween(column="value", min_value=0)]},
                         FEATURES, "label")
 

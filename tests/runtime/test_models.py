@@ -19,8 +19,8 @@ def test_models_map_features_to_logits(name, shape, kwargs):
 
 
 def test_errors_name_the_setting():
-    with pytest.raises(ValueError, match="model.name 'resnet' is unknown"):
-        build_model("resnet", [64], 10)
+    with pytest.raises(ValueError, match="model.name 'resnet9000' is unknown"):
+        build_model("resnet9000", [64], 10)
     with pytest.raises(ValueError, match="model.kwargs"):
         build_model("mlp", [64], 10, width=3)
     with pytest.raises(ValueError, match="needs feature_shape"):

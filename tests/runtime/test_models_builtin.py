@@ -47,6 +47,17 @@ def test_resnet_stem_stride_downsamples_before_the_blocks():
     assert features.shape == (2, 8, 4, 4)  # 16 / 2 (stem) / 2 (second stage)
 
 
+def test_resnet_ignores_each_images_overall_colour_and_brightness_unless_told_not_to():
+    torch.manual_seed(0)
+    images = torch.randn(4, 3, 16, 16)
+    scale, shift = torch.tensor([2.0, 0.5, 1.5]).view(1, 3, 1, 1), torch.tensor([1.0, -3.0, 0.2]).view(1, 3, 1, 1)
+    recoloured = images * scale + shift
+    for standardize, same in ((True, True), (False, False)):
+        model = tiny_resnet(standardize_input=standardize).eval()
+        with torch.no_grad():
+            assert torch.allclose(model(images), model(recoloured), atol=1e-4) is same
+
+
 def test_transformer_lm_gives_next_token_logits_for_every_position_and_shorter_inputs():
     torch.manual_seed(0)
     model = tiny_lm(vocab_size=VOCAB)
