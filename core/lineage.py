@@ -131,7 +131,7 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
 
 
 # Metrics shown first when a split has them; the rest follow in name order.
-_LEADING_METRICS = ("accuracy", "loss", "perplexity", "r2", "mse", "mae", "macro_f1", "micro_f1", "subset_accuracy")
+_LEADING_METRICS = ("perplexity", "accuracy", "loss", "r2", "mse", "mae", "macro_f1", "micro_f1", "subset_accuracy")
 
 
 COUNTS = ("num_samples", "num_tokens")  # how much a split's evaluation covered, not how well it went
