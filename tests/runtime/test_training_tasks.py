@@ -28,7 +28,7 @@ def _history_at(metrics: dict, step: int) -> dict:
     return next(h for h in metrics["validation_history"] if h["step"] == step)
 
 
-@pytest.mark.parametrize("kind", ["images", "jpeg", "lm", "regression", "multilabel"])
+@pytest.mark.parametrize("kind", ["images", "jpeg", "lm", "text", "regression", "multilabel"])
 def test_each_task_trains_and_its_model_card_reproduces_the_best_validation(tmp_path, world_of_one, kind):
     if kind in ("images", "jpeg"):
         manifest, locations = td.make_images(tmp_path / "data", encoded=kind == "jpeg")
@@ -40,6 +40,11 @@ def test_each_task_trains_and_its_model_card_reproduces_the_best_validation(tmp_
         d = td.config(tmp_path, manifest, locations, kind, model="transformer_lm", model_kwargs=TINY_LM,
                       task="language_modeling", train={"lr": 0.005, "epochs": 4})
         good = lambda m: m["perplexity"] < 6  # noqa: E731  (uniform guessing over 12 tokens: 12)
+    elif kind == "text":
+        manifest, locations = td.make_text_classes(tmp_path / "data")
+        d = td.config(tmp_path, manifest, locations, kind, model="text_transformer", model_kwargs=TINY_LM,
+                      task="classification", train={"lr": 0.005, "epochs": 4})
+        good = lambda m: m["accuracy"] >= 0.9  # noqa: E731
     elif kind == "multilabel":
         manifest, locations = td.make_multilabel(tmp_path / "data")
         d = td.config(tmp_path, manifest, locations, kind, model="mlp", model_kwargs={"hidden_sizes": [32]},

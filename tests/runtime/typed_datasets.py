@@ -63,6 +63,30 @@ def make_tokens(root: Path, *, sizes=(96, 24, 24), seq_len: int = 16, vocab: int
                         tokenizer={"kind": "byte-test", "vocab_size": vocab, "eos_id": None, "pad_id": None})
 
 
+def make_text_classes(root: Path, *, sizes=(96, 32, 32), seq_len: int = 12, vocab: int = 20, seed: int = 0):
+    """Padded token documents of two classes: class 1's documents contain token 3, class 0's never
+    do (pad id 1, document lengths 4..seq_len), as text classification shards store them."""
+    rng = np.random.default_rng(seed)
+    columns = [Column("tokens", "ndarray", "input", "uint16", (seq_len,)),
+               Column("length", "ndarray", "input", "int32", ()),
+               Column("label", "ndarray", "target", "int64", ()), Column("id", "str", "id")]
+    splits = {}
+    for split, n in zip(SPLITS, sizes):
+        labels = rng.integers(0, 2, n)
+        lengths = rng.integers(4, seq_len + 1, n)
+        tokens = np.full((n, seq_len), 1, dtype=np.uint16)
+        for i in range(n):
+            doc = rng.choice([t for t in range(4, vocab)], lengths[i])
+            if labels[i]:
+                doc[rng.integers(0, lengths[i])] = 3
+            tokens[i, :lengths[i]] = doc
+        splits[split] = {"tokens": tokens, "length": lengths.astype(np.int32), "label": labels.astype(np.int64),
+                         "id": [f"{split}-{i}" for i in range(n)]}
+    return write_splits(root, columns, splits, per_shard=40, kind="text", task="classification", num_classes=2,
+                        class_names=["without", "with"],
+                        tokenizer={"kind": "byte-test", "vocab_size": vocab, "eos_id": 0, "pad_id": 1})
+
+
 def make_regression(root: Path, *, sizes=(160, 40, 40), dim: int = 6, seed: int = 0):
     """y = w . x + 50 + noise, targets stored raw (the trainer normalises with the train split's stats)."""
     rng = np.random.default_rng(seed)
