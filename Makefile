@@ -27,12 +27,14 @@ $(CHROMIUM):
 		echo "The browser tests need Debian's chromium at $(CHROMIUM): run 'sudo apt-get install chromium'"; exit 1; \
 	fi
 
+# Heavy tests (the benchmark harness's smoke runs) belong to `make bench`.
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -m "not heavy"
 
 # Every benchmark at full size (12-25 minutes); writes benchmarks/results.json and BENCHMARKS.md.
 # The peer loaders get their own virtual environment (benchmarks/.peers-venv), made on first use.
 bench: $(STAMP)
+	$(PY) -m pytest tests/benchmarks -q -m heavy
 	$(PY) -m benchmarks.run --size full
 
 # Every fault, load, bad-input and security class at full size; writes RELIABILITY.md.

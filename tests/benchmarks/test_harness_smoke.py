@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+
+# Run by `make bench` before the figures (a minute or more each), not by `make test`.
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[2]
 
 
