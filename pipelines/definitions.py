@@ -7,6 +7,7 @@ import dagster as dg
 
 from core.spec import PipelineSpec
 from ops.housekeeping import housekeeping_definitions
+from pipelines.alerts import alert_definitions
 from pipelines.assembly import location_definitions, training_job_name  # noqa: F401 (re-exported)
 from pipelines.models import PIPELINES
 from pipelines.profiles import Profile
@@ -26,7 +27,7 @@ def build_definitions(profile: Profile, pipelines: list[PipelineSpec], with_yaml
         here = names + [y.name for y in yaml if y.dataset is None]
         pipelines = [*pipelines, *[y for y in yaml if y.dataset is None or y.published_elsewhere or y.dataset in here]]
     return dg.Definitions.merge(location_definitions(PLATFORM_LOCATION, pipelines, profile),
-                                housekeeping_definitions())
+                                housekeeping_definitions(), alert_definitions())
 
 
 defs = build_definitions(Profile.from_environment(), PIPELINES)

@@ -21,35 +21,46 @@ from resources.platform import (
 
 PROFILES = ("local", "kubernetes")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Failure alerts (pipelines/alerts.py) go to this webhook when the environment sets it, on either
+# profile; on Kubernetes it comes from the optional Secret named in helm/dagster-values.yaml.
+ALERT_WEBHOOK_ENV = "MODEL_FACTORY_ALERT_WEBHOOK_URL"
 
 
 @dataclass(frozen=True)
 class Profile:
     name: str
     data_root: Path
+    # Whether ALERT_WEBHOOK_ENV is set. Its value is read through EnvVar: a Slack webhook URL
+    # carries a token, and the UI then shows the variable's name, never the URL.
+    alert_webhook: bool = False
 
     @classmethod
     def from_environment(cls) -> "Profile":
         name = os.environ.get("PLATFORM_PROFILE", "local")
         if name not in PROFILES:
             raise ValueError(f"PLATFORM_PROFILE={name!r} is not a profile; use one of {', '.join(PROFILES)}")
+        alerts = bool(os.environ.get(ALERT_WEBHOOK_ENV))
         if name == "kubernetes":
             # Checkpoints and outputs live on the shared volume every step and training pod mounts.
-            return cls(name=name, data_root=Path(os.environ.get("MODEL_FACTORY_SHARED_MOUNT", "/mnt/training")))
+            return cls(name=name, data_root=Path(os.environ.get("MODEL_FACTORY_SHARED_MOUNT", "/mnt/training")),
+                       alert_webhook=alerts)
         # Local state lives beside the Dagster instance, so a temporary DAGSTER_HOME isolates it too.
         home = Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home")
-        return cls(name=name, data_root=home / "platform")
+        return cls(name=name, data_root=home / "platform", alert_webhook=alerts)
+
+    def alert_webhook_url(self) -> str | None:
+        return dg.EnvVar(ALERT_WEBHOOK_ENV) if self.alert_webhook else None
 
     def resources(self) -> dict[str, dg.ConfigurableResource]:
         if self.name == "local":
             root = str(self.data_root)
             return {
-                "platform": PlatformSettings(data_root=root),
+                "platform": PlatformSettings(data_root=root, alert_webhook_url=self.alert_webhook_url()),
                 "store": VersionedStoreResource(kind="local", local_root=str(self.data_root / "store")),
                 "artifacts": ArtifactStoreResource(kind="local", local_root=str(self.data_root / "artifacts")),
                 "launcher": TrainingLauncherResource(kind="local", work_root=str(self.data_root / "launches")),
             }
-        return kubernetes_resources(self.data_root)
+        return kubernetes_resources(self.data_root, self.alert_webhook_url())
 
     def executor(self) -> dg.ExecutorDefinition:
         if self.name == "local":
@@ -68,11 +79,12 @@ class Profile:
         return self.resources()["store"].get()
 
 
-def kubernetes_resources(shared_root: Path) -> dict[str, dg.ConfigurableResource]:
+def kubernetes_resources(shared_root: Path, alert_webhook_url: str | None = None) -> dict[str, dg.ConfigurableResource]:
     """Production: lakeFS, S3, GPU pods; settings and secrets come from the deployment's env
     (Secrets by reference, read through EnvVar so the UI shows names, never values)."""
     return {
-        "platform": PlatformSettings(data_root=str(shared_root), ui_url=dg.EnvVar("DAGSTER_UI_URL")),
+        "platform": PlatformSettings(data_root=str(shared_root), ui_url=dg.EnvVar("DAGSTER_UI_URL"),
+                                     alert_webhook_url=alert_webhook_url),
         "store": VersionedStoreResource(
             kind="lakefs", repository=dg.EnvVar("LAKEFS_REPOSITORY"), lakefs_endpoint=dg.EnvVar("LAKEFS_ENDPOINT"),
             lakefs_access_key_id=dg.EnvVar("LAKEFS_ACCESS_KEY_ID"),

@@ -17,10 +17,15 @@ from resources.store.base import VersionedStore
 
 
 class PlatformSettings(dg.ConfigurableResource):
-    """Where local state lives and how to link back to the UI."""
+    """Where local state lives, how to link back to the UI, and where failure alerts go."""
 
     data_root: str = Field(description="Directory for sources, checkpoints and other local state.")
     ui_url: str = Field(default="http://localhost:3000", description="Base URL of the Dagster web UI, for run links.")
+    # A Slack incoming-webhook URL carries its token in the path: pass it as an EnvVar so the UI
+    # shows the variable's name, never the URL (pipelines/profiles.py does).
+    alert_webhook_url: str | None = Field(
+        default=None, description="Webhook that run-failure alerts are POSTed to (Slack-style JSON); "
+                                  "unset: no alerts are sent (pipelines/alerts.py).")
 
     @property
     def root(self) -> Path:

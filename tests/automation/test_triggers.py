@@ -138,7 +138,8 @@ def test_schedule_requests_a_prioritised_run_unless_the_model_is_already_retrain
 
 def test_ad_hoc_runs_get_low_priority_and_loader_pipelines_have_no_sensor(defs):
     assert defs.resolve_job_def(training_job_name(SPEC)).tags[PRIORITY_TAG] == "0"
-    assert {s.name for s in defs.sensors} == {"digits_new_data_sensor"}
+    # besides the location's run-failure alert (pipelines/alerts.py), only digits has a sensor
+    assert {s.name for s in defs.sensors} == {"digits_new_data_sensor", "run_failure_alert"}
 
 
 def test_evaluation_follows_a_new_checkpoint(defs, platform):
