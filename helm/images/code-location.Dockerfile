@@ -21,8 +21,11 @@ COPY assets/ ./assets/
 COPY resources/ ./resources/
 COPY ops/ ./ops/
 COPY training_runtime/ ./training_runtime/
+# The run and step pods run as 1000:1000 (resources/k8s/step_config.py). Debian's slim base has
+# no user at 1000 today; the script replaces one should a future base bring it, as Ubuntu's does.
+COPY helm/images/runtime-user.sh /usr/local/sbin/runtime-user.sh
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
- && groupadd --gid 1000 dagster && useradd --uid 1000 --gid 1000 --create-home dagster \
+ && sh /usr/local/sbin/runtime-user.sh --create-home dagster 1000 \
  && mkdir -p "${DAGSTER_HOME}" && chown 1000:1000 "${DAGSTER_HOME}"
 
 USER 1000:1000

@@ -73,8 +73,10 @@ def _quantity(value: Any) -> Decimal:
     return parse_quantity(value) if value is not None else Decimal(0)
 
 
-def judge_node(gpu: GpuRequest, node: V1Node) -> NodeVerdict:
-    """Whether one pod of the request could ever run on `node`, and if not, every reason why."""
+def judge_node(gpu: GpuRequest, node: V1Node, extra: Mapping[str, str] | None = None) -> NodeVerdict:
+    """Whether one pod of the request could ever run on `node`, and if not, every reason why.
+
+    `extra`: further extended resources each pod requests (the RDMA profile's device)."""
     reasons: list[str] = []
     labels = node.metadata.labels or {}
     if node.spec and node.spec.unschedulable:
@@ -88,9 +90,10 @@ def judge_node(gpu: GpuRequest, node: V1Node) -> NodeVerdict:
             shown = f"{taint.key}={taint.value}" if taint.value else taint.key
             reasons.append(f"taint {shown}:{taint.effect} not tolerated")
     allocatable = (node.status.allocatable if node.status else None) or {}
-    wanted = {"cpu": gpu.cpu, "memory": gpu.memory}
+    wanted = {"cpu": gpu.cpu_request, "memory": gpu.memory_request}
     if gpu.gpus_per_node:
         wanted[gpu.resource_name] = str(gpu.gpus_per_node)
+    wanted.update(extra or {})
     capacity: list[int] = []
     for resource, amount in wanted.items():
         have, need = _quantity(allocatable.get(resource)), parse_quantity(amount)
@@ -112,20 +115,23 @@ def gpu_inventory(nodes: Sequence[V1Node]) -> dict[str, list[str]]:
     return seen
 
 
-def check_feasibility(gpu: GpuRequest, nodes: Sequence[V1Node]) -> list[str]:
+def check_feasibility(
+    gpu: GpuRequest, nodes: Sequence[V1Node], extra: Mapping[str, str] | None = None
+) -> list[str]:
     """Return the names of nodes that could hold a pod; raise if all of them together could
-    never hold the `gpu.nodes` pods of the request.
+    never hold the `gpu.nodes` pods of the request (each also asking for the `extra` resources).
 
     Each pod takes its GPUs from one node; several pods may share a node with room for them
     (two 4-GPU pods on one 8-GPU node), so the nodes' pod capacities are summed."""
-    verdicts = [judge_node(gpu, n) for n in nodes]
+    verdicts = [judge_node(gpu, n, extra) for n in nodes]
     fitting = [v.name for v in verdicts if v.fits]
     if sum(v.pods for v in verdicts) >= gpu.nodes:
         return fitting
     want = f"{gpu.gpus_per_node} x {gpu.resource_name}, " if gpu.gpus_per_node else ""
+    want += "".join(f"{count} x {name}, " for name, count in (extra or {}).items())
     lines = [
         f"GPU request can never be scheduled: {gpu.nodes} pod(s) needed, each with "
-        f"{want}cpu {gpu.cpu}, memory {gpu.memory}"
+        f"{want}cpu {gpu.cpu_request}, memory {gpu.memory_request}"
         + (f", nodeSelector {dict(gpu.node_selector)}" if gpu.node_selector else "")
         + f"; {len(fitting)} of {len(nodes)} node(s) qualify"
         + f" with room for {sum(v.pods for v in verdicts)} pod(s)"
@@ -146,7 +152,11 @@ def check_feasibility(gpu: GpuRequest, nodes: Sequence[V1Node]) -> list[str]:
     lines.append(
         "Fix: lower gpu.gpus_per_node / gpu.nodes, pick a resource_name listed above (a MIG "
         "profile such as nvidia.com/mig-1g.10gb for small jobs), add the tolerations for the "
-        "GPU nodes' taints, or correct gpu.node_selector."
+        "GPU nodes' taints, or correct gpu.node_selector. A pod's cpu and memory grow with its "
+        "GPUs: lower the recipe's cpu_per_gpu / memory_gib_per_gpu for smaller nodes."
+        + (" The RDMA device comes from the chart's training.rdma settings: check its "
+           "resourceName against the nodes' Allocatable, or turn the profile off."
+           if extra else "")
     )
     raise InfeasibleGpuRequest("\n".join(lines))
 

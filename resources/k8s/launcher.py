@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import dagster as dg
 from dagster import PipesEnvContextInjector, open_pipes_session
@@ -21,6 +21,7 @@ from kubernetes import config as k8s_config
 from pydantic import Field
 
 from resources.k8s.client import TrainingJobClient
+from resources.k8s.fabric import rdma_profile, rdma_settings
 from resources.k8s.feasibility import check_feasibility
 from resources.k8s.manifests import (
     PodSettings,
@@ -28,6 +29,7 @@ from resources.k8s.manifests import (
     check_paths_on_shared_volume,
     config_json,
     config_path,
+    rdma_for,
     validate_job,
 )
 from resources.k8s.step_config import s3_secret_env
@@ -46,7 +48,8 @@ def run_training_job(
     validate_job(job)
     check_paths_on_shared_volume(job.config, settings)
     if check_nodes:
-        fitting = check_feasibility(job.gpu, client.list_nodes())
+        rdma = rdma_for(job, settings)
+        fitting = check_feasibility(job.gpu, client.list_nodes(), rdma.resources() if rdma else None)
         context.log.info(f"{len(fitting)} node(s) can hold a pod of {job.name}")
     path = Path(config_path(job, settings))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +119,11 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         default=True, description="False: use kubeconfig_file (or ~/.kube/config)."
     )
     kubeconfig_file: str | None = None
+    rdma: dict[str, str] = Field(
+        default_factory=dict,
+        description="The MODEL_FACTORY_RDMA_* keys of the model-factory chart's ConfigMap (its "
+        "training.rdma values): NCCL over InfiniBand/RoCE for multi-node Jobs. Empty: TCP.",
+    )
 
     @classmethod
     def from_settings(
@@ -125,10 +133,13 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         image: str | None,
         work_root: str,
         service_account: str | None = None,
+        environ: Mapping[str, str] | None = None,
         **overrides: Any,
     ) -> "KubernetesTrainingLauncher":
         """Build from the orchestrator's TrainingLauncherResource fields; `work_root` is the
-        shared volume's mount path (configs, checkpoints and outputs live under it)."""
+        shared volume's mount path (configs, checkpoints and outputs live under it). The RDMA
+        profile comes from `environ` (default: this process's environment, which the chart's
+        ConfigMap fills in the Dagster pods)."""
         if not image:
             raise ValueError(
                 "no training image: set TRAINING_IMAGE (the model-factory chart's ConfigMap "
@@ -139,7 +150,7 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
             image=image,
             shared_mount_path=work_root,
             service_account=service_account or "model-factory-training",
-            **overrides,
+            **{"rdma": rdma_settings(os.environ if environ is None else environ), **overrides},
         )
 
     def pod_settings(self) -> PodSettings:
@@ -153,6 +164,7 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
             image_pull_secrets=tuple(self.image_pull_secrets),
             cluster_domain=self.cluster_domain,
             ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+            rdma=rdma_profile(self.rdma),
         )
 
     def _client(self) -> TrainingJobClient:
@@ -196,4 +208,5 @@ def launcher_kwargs(settings: PodSettings) -> dict[str, Any]:
         "s3_secret": next(iter(s3)) if s3 else None,
         "image_pull_secrets": list(settings.image_pull_secrets),
         "cluster_domain": settings.cluster_domain,
+        "rdma": settings.rdma.to_environ() if settings.rdma else {},
     }

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from resources.k8s.fabric import RdmaProfile
 from resources.launch.base import GpuRequest, TrainingJob
 
 # Max length of a Job name: pod hostnames are `<job>-<index>` and must stay a DNS label (63);
@@ -74,6 +75,8 @@ class PodSettings:
     run_as_user: int = 1000
     run_as_group: int = 1000
     labels: Mapping[str, str] = field(default_factory=dict)
+    # NCCL over InfiniBand/RoCE for multi-node Jobs (resources/k8s/fabric.py); None: TCP on the pod network.
+    rdma: RdmaProfile | None = None
 
 
 def validate_job(job: TrainingJob) -> None:
@@ -158,22 +161,45 @@ def torchrun_args(job: TrainingJob, settings: PodSettings) -> list[str]:
     return args
 
 
-def _resources(gpu: GpuRequest) -> dict[str, Any]:
-    requests: dict[str, Any] = {"cpu": gpu.cpu, "memory": gpu.memory}
+def rdma_for(job: TrainingJob, settings: PodSettings) -> RdmaProfile | None:
+    """The RDMA profile a launch uses: the cluster's, for multi-node Jobs only (one pod's ranks
+    talk over NVLink/PCIe and shared memory, so an RDMA device would sit idle)."""
+    return settings.rdma if job.nnodes > 1 else None
+
+
+def pod_extended_resources(job: TrainingJob, settings: PodSettings) -> dict[str, str]:
+    """Extended resources of one pod (GPUs or MIG slices, RDMA devices): limit == request."""
+    extended: dict[str, str] = {}
+    if job.gpu.gpus_per_node:
+        extended[job.gpu.resource_name] = str(job.gpu.gpus_per_node)
+    rdma = rdma_for(job, settings)
+    if rdma is not None:
+        extended.update(rdma.resources())
+    return extended
+
+
+def _resources(gpu: GpuRequest, extended: Mapping[str, str]) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": gpu.cpu_request, "memory": gpu.memory_request}
     # Memory limit = request: a training pod over its request would be the first OOM victim
-    # anyway, and equal values make the OOM visible as the container's reason.
-    limits: dict[str, Any] = {"memory": gpu.memory}
-    if gpu.gpus_per_node:
-        # Extended resources (GPUs, MIG slices) must have limit == request.
-        requests[gpu.resource_name] = str(gpu.gpus_per_node)
-        limits[gpu.resource_name] = str(gpu.gpus_per_node)
+    # anyway, and equal values make the OOM visible as the container's reason. No CPU limit: CFS
+    # throttling of the kernel-launch threads would stall every GPU of the pod.
+    limits: dict[str, Any] = {"memory": gpu.memory_request}
+    # Extended resources (GPUs, MIG slices, RDMA devices) must have limit == request.
+    requests.update(extended)
+    limits.update(extended)
     return {"requests": requests, "limits": limits}
 
 
-def container_security_context(*, read_only_root: bool = True) -> dict[str, Any]:
+def container_security_context(
+    *, read_only_root: bool = True, add_capabilities: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if add_capabilities:
+        # Applied after the drop: the container keeps exactly these.
+        capabilities["add"] = list(add_capabilities)
     return {
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": capabilities,
         "privileged": False,
         "readOnlyRootFilesystem": read_only_root,
         "runAsNonRoot": True,
@@ -195,11 +221,14 @@ def pod_security_context(settings: PodSettings) -> dict[str, Any]:
 def _env(
     job: TrainingJob, settings: PodSettings, pipes_env: Mapping[str, str]
 ) -> list[dict[str, Any]]:
+    rdma = rdma_for(job, settings)
     plain: dict[str, str] = {
         # The root filesystem is read-only; caches (torch hub, triton, matplotlib) go to /tmp.
         "HOME": "/tmp",
         "XDG_CACHE_HOME": "/tmp/.cache",
         "PYTHONUNBUFFERED": "1",
+        # The cluster's fabric first: a job's own NCCL settings below override it.
+        **(rdma.nccl_env() if rdma else {}),
         **job.env,
         **job.gpu.nccl_env,
         **pipes_env,
@@ -245,12 +274,13 @@ def build_pod_template(
     job: TrainingJob, settings: PodSettings, pipes_env: Mapping[str, str]
 ) -> dict[str, Any]:
     gpu = job.gpu
+    rdma = rdma_for(job, settings)
     volumes: list[dict[str, Any]] = [
         {"name": "shared", "persistentVolumeClaim": {"claimName": settings.shared_claim}},
-        # DataLoader workers pass batches through /dev/shm; the container runtime's default of
-        # 64 MiB makes them crash with "bus error", so it is a memory-backed volume of the
-        # requested size (it counts against the pod's memory limit).
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": gpu.shm_size}},
+        # NCCL's shared-memory transport and DataLoader workers use /dev/shm; the container
+        # runtime's default of 64 MiB makes them crash with "bus error", so it is a memory-backed
+        # volume sized per GPU (it counts against the pod's memory limit).
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": gpu.shm_limit}},
         {"name": "tmp", "emptyDir": {}},
     ]
     container: dict[str, Any] = {
@@ -259,8 +289,8 @@ def build_pod_template(
         "imagePullPolicy": settings.image_pull_policy,
         "command": torchrun_args(job, settings),
         "env": _env(job, settings, pipes_env),
-        "resources": _resources(gpu),
-        "securityContext": container_security_context(),
+        "resources": _resources(gpu, pod_extended_resources(job, settings)),
+        "securityContext": container_security_context(add_capabilities=rdma.capabilities() if rdma else ()),
         "volumeMounts": [
             {"name": "shared", "mountPath": settings.shared_mount_path},
             {"name": "dshm", "mountPath": "/dev/shm"},

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+from resources.k8s.fabric import rdma_profile
 from resources.k8s.manifests import PodSettings, SecretEnv
 from resources.launch.base import GpuRequest
 
@@ -69,6 +70,7 @@ def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -
         secret_env=s3_secret_env(secret) if secret else (),
         image_pull_secrets=pull,
         cluster_domain=environ.get(ENV_CLUSTER_DOMAIN, "cluster.local"),
+        rdma=rdma_profile(environ),
     )
 
 
@@ -101,7 +103,7 @@ def step_k8s_config(
             "step_k8s_config('gpu', ...) needs a GpuRequest with gpus_per_node >= 1; use 'cpu' "
             "for steps without GPUs."
         )
-    cpu, memory = (gpu.cpu, gpu.memory) if kind == "gpu" and gpu else (d.cpu, d.memory)
+    cpu, memory = (gpu.cpu_request, gpu.memory_request) if kind == "gpu" and gpu else (d.cpu, d.memory)
     requests: dict[str, str] = {"cpu": cpu, "memory": memory}
     limits: dict[str, str] = {"memory": memory}
     volumes: list[dict[str, Any]] = []
@@ -119,7 +121,7 @@ def step_k8s_config(
         requests[gpu.resource_name] = str(gpu.gpus_per_node)
         limits[gpu.resource_name] = str(gpu.gpus_per_node)
         volumes.append(
-            {"name": "dshm", "empty_dir": {"medium": "Memory", "size_limit": gpu.shm_size}}
+            {"name": "dshm", "empty_dir": {"medium": "Memory", "size_limit": gpu.shm_limit}}
         )
         mounts.append({"name": "dshm", "mount_path": "/dev/shm"})
         if gpu.node_selector:

@@ -6,10 +6,15 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import dagster as dg
 
 from resources.launch.base import TrainingJob, TrainingLauncher
+from resources.launch.devices import cuda_device_count, host_devices, reserve_devices, visible_devices_env
+
+# Per-GPU lock files of the local launches, under the launcher's work root (see devices.py).
+DEVICE_LOCK_DIR = ".gpu-locks"
 
 
 def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.executable) -> list[str]:
@@ -33,11 +38,43 @@ def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.exec
     ]
 
 
+def worker_env(job: TrainingJob, devices: Sequence[str], *, extra_env: Mapping[str, str] | None = None,
+               environ: Mapping[str, str] | None = None, cpu_count: int | None = None) -> dict[str, str]:
+    """The environment of one local launch's torchrun workers, given the GPUs reserved for it."""
+    environ = os.environ if environ is None else environ
+    cpus = (os.cpu_count() or 1) if cpu_count is None else cpu_count
+    return {
+        # Workers must import training_runtime from this checkout and keep BLAS to their share
+        # of the cores: N ranks x all cores each would thrash a small machine.
+        "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[2]),
+                                                  environ.get("PYTHONPATH", "")] if p),
+        "OMP_NUM_THREADS": str(max(1, cpus // max(1, job.nproc_per_node))),
+        **(extra_env or {}),
+        **job.env,
+        # Last, so nothing above can point two runs at the same GPU.
+        **visible_devices_env(devices),
+    }
+
+
 class LocalTorchrunLauncher(TrainingLauncher):
-    def __init__(self, work_root: Path, python: str = sys.executable, extra_env: dict[str, str] | None = None):
+    """Runs the job's torchrun on this machine, on GPUs no other local run holds.
+
+    ``device_count`` fixes how many GPUs the machine has (tests); None asks CUDA when a job first
+    needs GPUs. Device locks live under ``work_root``: launchers sharing a GPU host must share it."""
+
+    def __init__(self, work_root: Path, python: str = sys.executable, extra_env: dict[str, str] | None = None,
+                 *, device_count: int | None = None, device_wait_s: float = 600.0):
         self.work_root = Path(work_root)
         self.python = python
         self.extra_env = dict(extra_env or {})
+        self.device_count = device_count
+        self.device_wait_s = device_wait_s
+
+    def _devices(self, wanted: int) -> list[str]:
+        if wanted == 0:
+            return []  # CPU runs never touch CUDA, not even to count devices
+        count = cuda_device_count() if self.device_count is None else self.device_count
+        return host_devices(count, os.environ)
 
     def launch(self, context, job: TrainingJob) -> dg.PipesClientCompletedInvocation:
         job_dir = self.work_root / job.name
@@ -45,14 +82,11 @@ class LocalTorchrunLauncher(TrainingLauncher):
         config_path = job_dir / "config.json"
         config_path.write_text(json.dumps(job.config, indent=2, sort_keys=True))
         Path(job.config["checkpoint"]["dir"]).parent.mkdir(parents=True, exist_ok=True)
-        env = {
-            # Workers must import training_runtime from this checkout and keep BLAS to their share
-            # of the cores: N ranks x all cores each would thrash a small machine.
-            "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[2]),
-                                                      os.environ.get("PYTHONPATH", "")] if p),
-            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, job.nproc_per_node))),
-            **self.extra_env,
-            **job.env,
-        }
-        client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir))
-        return client.run(context=context, command=torchrun_command(job, config_path, self.python))
+        wanted = job.gpu.gpus_per_node
+        with reserve_devices(self.work_root / DEVICE_LOCK_DIR, wanted, self._devices(wanted), owner=job.name,
+                             wait_s=self.device_wait_s, log=context.log.info) as devices:
+            if devices:
+                context.log.info(f"{job.name} trains on GPU(s) {', '.join(devices)} of this machine")
+            env = worker_env(job, devices, extra_env=self.extra_env)
+            client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir))
+            return client.run(context=context, command=torchrun_command(job, config_path, self.python))

@@ -67,5 +67,8 @@ def node(name, *, labels=None, taints=None, unschedulable=None, cpu="64", memory
 
 
 def h100(name, gpus="8", **kw):
+    # The smallest common 8 x H100 shape (96 vCPU, 1.9 TiB, as on Azure ND H100 v5): the default
+    # per-GPU pod size (resources/launch/base.py) must fit an 8-GPU pod on it.
+    kw = {"cpu": "96", "memory": "1900Gi", **kw}
     return node(name, labels={"nvidia.com/gpu.product": "H100"}, taints=[GPU_TAINT],
                 **{"nvidia.com__gpu": gpus}, **kw)

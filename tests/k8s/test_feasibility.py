@@ -57,7 +57,8 @@ def test_fits_on_tolerated_gpu_nodes():
 
 def test_more_gpus_per_node_than_any_node_has_fails_at_once_with_every_reason():
     with pytest.raises(InfeasibleGpuRequest) as info:
-        check_feasibility(req(nodes=1, gpus_per_node=16), CLUSTER)
+        # cpu and memory fixed small: only the GPU count stands in the way
+        check_feasibility(req(nodes=1, gpus_per_node=16, cpu="8", memory="64Gi"), CLUSTER)
     msg = str(info.value)
     assert "0 of 6 node(s) qualify with room for 0 pod(s)" in msg
     assert "gpu-a: allocatable nvidia.com/gpu=8 < 16" in msg
@@ -78,9 +79,9 @@ def test_pods_may_share_a_node_with_room_for_them():
     with pytest.raises(InfeasibleGpuRequest, match="room for 2 pod"):
         check_feasibility(req(nodes=3, gpus_per_node=4), [h100("gpu-a")])
     # CPU or memory can be the limit instead of GPUs.
-    assert check_feasibility(req(nodes=1, gpus_per_node=1, cpu="40"), [h100("gpu-a")]) == ["gpu-a"]
+    assert check_feasibility(req(nodes=1, gpus_per_node=1, cpu="60"), [h100("gpu-a")]) == ["gpu-a"]
     with pytest.raises(InfeasibleGpuRequest, match="room for 1 pod"):
-        check_feasibility(req(nodes=2, gpus_per_node=1, cpu="40"), [h100("gpu-a")])
+        check_feasibility(req(nodes=2, gpus_per_node=1, cpu="60"), [h100("gpu-a")])
 
 
 def test_untolerated_taint_blocks_gpu_nodes():

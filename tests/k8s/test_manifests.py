@@ -99,7 +99,8 @@ def test_mig_profile_is_requested_as_its_own_resource(settings):
     m = build_training_job(job, settings)
     validate_all([m])
     res = _container(m)["resources"]
-    assert res["limits"] == {"memory": "8Gi", "nvidia.com/mig-1g.10gb": "1"}
+    # A slice is sized as one GPU (recipes on MIG lower memory_gib_per_gpu)
+    assert res["limits"] == {"memory": "96Gi", "nvidia.com/mig-1g.10gb": "1"}
     assert "nvidia.com/gpu" not in res["requests"]
 
 
