@@ -140,6 +140,12 @@ class Recipe:
     max_restarts: int = 1
     gpus_per_node: int = 0
     gpu_resource_name: str = "nvidia.com/gpu"
+    # Training pod size per GPU on Kubernetes (resources/launch/base.py explains the defaults: 8-GPU
+    # H100/H200 nodes). Every pod gets at least 2 CPUs, 8 GiB and 2 GiB of /dev/shm, which is what a
+    # CPU-only (gloo) pod gets. Lower them for MIG slices, raise memory for multi-node FSDP.
+    cpu_per_gpu: float = 10.0  # CPU cores per GPU: its rank's kernel-launch, NCCL and loader threads
+    memory_gib_per_gpu: float = 96.0  # host memory per GPU, GiB: pinned batches; FSDP full state on rank 0
+    shm_gib_per_gpu: float = 4.0  # /dev/shm per GPU, GiB (memory-backed: part of memory_gib_per_gpu)
     # Validation during training, early stopping and keep_best (training_runtime ValidationConfig)
     validate_every_steps: int | None = None  # None: at the end of every epoch
     monitor: str | None = None  # validation metric watched, e.g. "loss", "accuracy", "perplexity" (None: the task's)
@@ -149,6 +155,15 @@ class Recipe:
     # Seeded image augmentation of the training split
     augment_padding: int = 0  # random crop from the image padded by this many pixels (0: none)
     augment_hflip: bool = False  # mirror half of the images
+    # Speed and numerics on GPUs (training_runtime TrainConfig)
+    loader_threads: int = 1  # background threads gathering (and decoding) batches per rank
+    prefetch_batches: int = 4  # batches prepared ahead of the training step
+    grad_clip_norm: float | None = None  # clip the global gradient norm (None: no clipping)
+    compile: bool = False  # torch.compile the model
+    tf32: bool = True  # fp32 matmuls on TF32 tensor cores (CUDA)
+    deterministic: bool = False  # deterministic kernels: a resumed run reproduces an uninterrupted one bit for bit
+    collective_timeout_s: float = 600.0  # a hung or dead rank fails the run after this long
+    io_timeout_s: float = 3600.0  # waits on one rank's I/O (shard download, checkpoint checks and writes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -509,6 +524,11 @@ class PipelineSpec:
         self._check_training_fields(n)
         if r.gpus_per_node < 0:
             _fail(n, "recipe.gpus_per_node", "must be 0 (CPU) or more")
+        from resources.launch.base import pod_sizing_problems  # the sizing rules live beside GpuRequest
+
+        for fname, problem in pod_sizing_problems(cpu_per_gpu=r.cpu_per_gpu, memory_gib_per_gpu=r.memory_gib_per_gpu,
+                                                  shm_gib_per_gpu=r.shm_gib_per_gpu):
+            _fail(n, f"recipe.{fname}", problem)
         if not _NAME.fullmatch(self.team or ""):
             _fail(n, "team", "use lowercase letters, digits and '_'")
         if self.model is None:
@@ -546,6 +566,14 @@ class PipelineSpec:
             _fail(n, "recipe.monitor_mode", f"{r.monitor_mode!r}: use 'min', 'max' or None")
         if r.augment_padding < 0:
             _fail(n, "recipe.augment_padding", "must be 0 or more")
+        for fname in ("loader_threads", "prefetch_batches"):
+            if getattr(r, fname) < 1:
+                _fail(n, f"recipe.{fname}", "must be at least 1")
+        for fname in ("grad_clip_norm", "collective_timeout_s", "io_timeout_s"):
+            value = getattr(r, fname)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                _fail(n, f"recipe.{fname}", f"{value!r}: must be a positive number" +
+                      (" (or None)" if fname == "grad_clip_norm" else " of seconds"))
         if (r.augment_padding or r.augment_hflip) and not isinstance(self.source, ImageFolder) and self.dataset is None:
             _fail(n, "recipe.augment_padding" if r.augment_padding else "recipe.augment_hflip",
                   "augments images; this pipeline's data is not an image folder")

@@ -25,6 +25,12 @@ def runtime_config(
             "weight_decay": r.weight_decay, "lr_schedule": r.lr_schedule, "warmup_steps": r.warmup_steps,
             "grad_accum_steps": r.grad_accum_steps, "seed": r.seed, "sharding": r.sharding,
             "precision": r.precision,
+            # A job that holds GPUs must train on them: the runtime fails with the reason instead of
+            # falling back to CPU; a CPU job never touches a GPU.
+            "device": "cuda" if r.gpus_per_node else "cpu",
+            "tf32": r.tf32, "deterministic": r.deterministic, "grad_clip_norm": r.grad_clip_norm,
+            "compile": r.compile, "collective_timeout_s": r.collective_timeout_s, "io_timeout_s": r.io_timeout_s,
+            "num_workers": r.loader_threads, "prefetch_batches": r.prefetch_batches,
             "augment": {"padding": r.augment_padding, "hflip": r.augment_hflip},
         },
         "task": spec.task,
@@ -49,7 +55,9 @@ def training_job(spec: PipelineSpec, run_id: str, config: dict) -> TrainingJob:
         nproc_per_node=r.gpus_per_node or r.world_size,
         nnodes=r.nnodes,
         max_restarts=r.max_restarts,
-        gpu=GpuRequest(nodes=r.nnodes, gpus_per_node=r.gpus_per_node, resource_name=r.gpu_resource_name),
+        gpu=GpuRequest(nodes=r.nnodes, gpus_per_node=r.gpus_per_node, resource_name=r.gpu_resource_name,
+                       cpu_per_gpu=r.cpu_per_gpu, memory_gib_per_gpu=r.memory_gib_per_gpu,
+                       shm_gib_per_gpu=r.shm_gib_per_gpu),
     )
 
 

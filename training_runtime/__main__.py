@@ -21,6 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from .config import ConfigError, RunConfig
 from .distributed import close_distributed, init_distributed
 from .error_file import AtomicErrorHandler
+from .numerics import configure_numerics
 from .telemetry import LogReporter
 from .context import TrainingContext
 from .trainer import FaultInjection, Trainer
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     with reporting as reporter:
         cfg = _load_config(args.config)  # validated before any process group or data access
         fault = _fault_from_env()
-        info = init_distributed()
+        configure_numerics(cfg.train)  # before the first CUDA kernel
+        t = cfg.train
+        info = init_distributed(t.device, t.collective_timeout_s, t.io_timeout_s)
         try:
             restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
             context = TrainingContext(cfg, info, reporter, restarts, fault)

@@ -14,8 +14,9 @@ SHARD_FORMAT = "model-factory.shards/v1"
 SHARD_FORMAT_V2 = "model-factory.shards/v2"
 OPTIMIZERS = ("adamw", "sgd")
 LR_SCHEDULES = ("cosine", "constant", "linear_warmup_cosine")
-SHARDINGS = ("ddp", "fsdp")
+SHARDINGS = ("ddp", "fsdp", "hsdp")
 PRECISIONS = ("fp32", "bf16")
+DEVICES = ("auto", "cuda", "cpu")
 
 
 class ConfigError(ValueError):
@@ -79,8 +80,33 @@ class TrainConfig:
     grad_accum_steps: int = _doc("Micro-batches accumulated per optimizer step on each rank.", default=1)
     seed: int = _doc("Seed for model init, shuffling and dropout.", default=0)
     max_steps: int | None = _doc("Stop after this many optimizer steps (None: run all epochs).", default=None)
-    sharding: str = _doc("'ddp' (replicated) or 'fsdp' (FSDP2 fully_shard).", default="ddp")
-    precision: str = _doc("'fp32' or 'bf16' (autocast; bf16 is meant for CUDA).", default="fp32")
+    sharding: str = _doc(
+        "'ddp' (replicated), 'fsdp' (FSDP2 fully_shard over all ranks) or 'hsdp' (sharded within a "
+        "node, replicated across nodes: parameter all-gathers stay on the node's NVLink).", default="ddp")
+    precision: str = _doc(
+        "'fp32' or 'bf16'. DDP: bf16 autocast. FSDP/HSDP: bf16 parameters in compute and fp32 gradient "
+        "reductions (MixedPrecisionPolicy), fp32 master weights in the optimizer.", default="fp32")
+    device: str = _doc(
+        "'cuda' (required: a rank without a usable GPU fails with the reason), 'cpu' (gloo, never touches "
+        "a GPU) or 'auto' (CUDA when torch sees one).", default="auto")
+    tf32: bool = _doc("Let fp32 matmuls and convolutions use TF32 tensor cores on CUDA (about 8x the fp32 "
+                      "rate on Ampere and later, 10-bit mantissa in the products).", default=True)
+    deterministic: bool = _doc(
+        "Deterministic kernels (torch.use_deterministic_algorithms, cuDNN without autotuning, "
+        "CUBLAS_WORKSPACE_CONFIG): a resumed run reproduces an uninterrupted one bit for bit on the same "
+        "hardware, software and world size, at some cost in speed.", default=False)
+    grad_clip_norm: float | None = _doc(
+        "Clip the global gradient norm to this value before each optimizer step (None: no clipping).", default=None)
+    compile: bool = _doc("torch.compile the model (nn.Module.compile, so parameter names are unchanged).",
+                         default=False)
+    collective_timeout_s: float = _doc(
+        "Process-group timeout for training collectives: a dead or hung peer fails the run after this "
+        "long instead of blocking it forever.", default=600.0)
+    io_timeout_s: float = _doc(
+        "Timeout of the waits in which every rank waits on one rank's I/O (shard download and sha256 "
+        "check, checkpoint verification on resume, synchronous checkpoint writes); they run on a "
+        "separate gloo group so a large dataset or a slow volume does not trip collective_timeout_s.",
+        default=3600.0)
     num_workers: int = _doc("Background loader threads gathering batches.", default=1)
     prefetch_batches: int = _doc("Batches prepared ahead of the training step.", default=4)
     augment: AugmentConfig = _doc("Seeded image augmentation of the training split.", default_factory=AugmentConfig)
@@ -174,6 +200,13 @@ class RunConfig:
         _check_choice("train.lr_schedule", t.lr_schedule, LR_SCHEDULES)
         _check_choice("train.sharding", t.sharding, SHARDINGS)
         _check_choice("train.precision", t.precision, PRECISIONS)
+        _check_choice("train.device", t.device, DEVICES)
+        if t.grad_clip_norm is not None and not (t.grad_clip_norm > 0 and math.isfinite(t.grad_clip_norm)):
+            raise ConfigError(f"train.grad_clip_norm must be a positive finite number or null, got {t.grad_clip_norm}")
+        for name in ("collective_timeout_s", "io_timeout_s"):
+            value = getattr(t, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"train.{name} must be a positive number of seconds, got {value}")
         c = self.checkpoint
         if not os.path.isabs(c.dir):
             raise ConfigError(f"checkpoint.dir must be an absolute path, got {c.dir!r}")

@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -46,7 +47,7 @@ from training_runtime.config import ConfigError, RunConfig
 from training_runtime.data import chained_epochs, epoch_indices, resolve_shards, steps_per_epoch
 from training_runtime.distributed import (
     DistInfo, all_gather_object, broadcast_object, full_model_state, full_optimizer_state, load_full_state,
-    raise_if_any_failed, unwrap, wrap_model)
+    is_sharded, raise_if_any_failed, unwrap, wrap_model)
 from training_runtime.telemetry import LogReporter, Reporter
 from training_runtime.typed_split import open_split
 from training_runtime.validation import evaluate_split
@@ -55,15 +56,26 @@ log = logging.getLogger(__name__)
 
 # Settings that may differ between a checkpoint and the run resuming from it (checkpoints hold
 # full, unsharded state, so DDP and FSDP runs resume from each other).
-RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches", "sharding"}
+# The device, kernels' precision options, compilation and timeouts change how a step runs, not
+# what the run is.
+RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches", "sharding", "device", "tf32",
+                     "compile", "collective_timeout_s", "io_timeout_s"}
 
 
 def training_fingerprint(config: dict[str, Any]) -> dict[str, Any]:
-    """What must match for a checkpoint to continue this run."""
+    """What must match for a checkpoint to continue this run. Settings a checkpoint's config
+    predates count as their defaults, so checkpoints of an older runtime still resume."""
+    train = {**_train_defaults(), **config["train"]}
     return {"model": config["model"], "commit_id": config["data"]["commit_id"],
             "manifest": config["data"]["manifest"], "task": config.get("task", "classification"),
             "train_fn": config.get("train_fn"),
-            "train": {k: v for k, v in config["train"].items() if k not in RESUMABLE_CHANGES}}
+            "train": {k: v for k, v in train.items() if k not in RESUMABLE_CHANGES}}
+
+
+def _train_defaults() -> dict[str, Any]:
+    from training_runtime.config import TrainConfig
+
+    return dataclasses.asdict(TrainConfig())
 
 
 class _StopSignal:
@@ -173,7 +185,7 @@ class TrainingContext:
                                    cfg.data.s3_endpoint_url, verify=True)
                 except Exception as e:  # re-raised on every rank by raise_if_any_failed
                     err = e
-            raise_if_any_failed(err, f"{name} shard verification")
+            raise_if_any_failed(err, f"{name} shard verification", self.dist.io_group)
             paths = resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
                                    cfg.data.s3_endpoint_url, verify=False)
             self._splits[name] = open_split(cfg.data.manifest, paths, name)
@@ -205,7 +217,10 @@ class TrainingContext:
         configured sharding; then per-rank RNG streams (dropout) are seeded."""
         self.seed(0)
         model = self.model_build.build()
-        wrapped = wrap_model(model, self.config.train.sharding, self.dist)
+        t = self.config.train
+        wrapped = wrap_model(model, t.sharding, self.dist, precision=t.precision)
+        if t.compile:  # in place (nn.Module.compile): parameter names and state dicts are unchanged
+            wrapped.compile()
         self.seed(1 + self.rank)
         return wrapped
 
@@ -223,7 +238,7 @@ class TrainingContext:
         (and optimizer), whatever the sharding."""
         if optimizer is not None:
             load_full_state(model, optimizer, model_state, optimizer_state, self.config.train.sharding)
-        elif self.config.train.sharding == "fsdp":
+        elif is_sharded(self.config.train.sharding):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
@@ -250,6 +265,10 @@ class TrainingContext:
             full = {**state, "step": step, "world_size": self.world_size, "rng": rngs,
                     "config": self.config.to_dict()}
             self.writer.save(step, full)
+        if not self.config.checkpoint.async_save:
+            # The others wait for rank 0's write here, under the I/O timeout, rather than in the
+            # next step's gradient all-reduce under the collective one.
+            dist.barrier(group=self.dist.io_group)
         self.last_checkpoint_step = step
 
     def wait_for_checkpoints(self) -> None:
@@ -264,7 +283,8 @@ class TrainingContext:
         if self.is_main:
             ckpt.remove_stale_temporaries(root)
             found = ckpt.find_latest_valid(root)
-        path = broadcast_object(None if found is None else str(found[0]))
+        # The other ranks wait here while rank 0 verifies every checkpoint's sha256: the I/O group.
+        path = broadcast_object(None if found is None else str(found[0]), group=self.dist.io_group)
         if path is None:
             return None
         state = found[1] if self.is_main else ckpt.load_state(Path(path))
@@ -304,9 +324,11 @@ class TrainingContext:
         return self._stop.requested
 
     def should_stop(self) -> bool:
-        """Collective: True on every rank once any rank was asked to stop (SIGTERM)."""
-        flag = torch.tensor([1.0 if self._stop.requested else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        """Collective: True on every rank once any rank was asked to stop (SIGTERM). The flags are
+        host-side, so they go through the gloo I/O group on the CPU: a device tensor read back
+        here would drain the CUDA queue every time it is asked."""
+        flag = torch.tensor([1 if self._stop.requested else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dist.io_group)
         return bool(flag.item())
 
     # ------------------------------------------------------------ outputs
@@ -329,7 +351,7 @@ class TrainingContext:
             self.saved_model_card = save_model(out, {k: v.detach().cpu() for k, v in state.items()}, card)
         else:
             self.saved_model_card = {}
-        dist.barrier()
+        dist.barrier(group=self.dist.io_group)  # the others wait on rank 0's write: the I/O timeout
 
     def write_outputs(self, metrics: dict[str, Any]) -> None:
         """Rank 0: metrics.json and resolved_config.json beside the model."""
@@ -340,9 +362,20 @@ class TrainingContext:
         resolved = self.config.to_dict()
         resolved.update(world_size=self.world_size, backend=self.dist.backend, device=self.device.type,
                         steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
-                        torch_version=torch.__version__)
+                        torch_version=torch.__version__, **_accelerator_versions(self.device))
         ckpt.atomic_write_json(out / "resolved_config.json", resolved)
         ckpt.atomic_write_json(out / "metrics.json", _json_safe(metrics))
+
+
+def _accelerator_versions(device: torch.device) -> dict[str, Any]:
+    """CUDA, cuDNN and NCCL versions and the GPU model this rank trained on, as the process saw
+    them (the image's libraries, not the orchestrator's)."""
+    if device.type != "cuda":
+        return {}
+    nccl = torch.cuda.nccl.version()
+    return {"cuda_version": torch.version.cuda, "cudnn_version": torch.backends.cudnn.version(),
+            "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+            "gpu_name": torch.cuda.get_device_name(device)}
 
 
 def _json_safe(obj: Any) -> Any:

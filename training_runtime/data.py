@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from training_runtime.atomic_files import atomic_path
+from training_runtime.device_copy import DeviceCopier
 
 log = logging.getLogger(__name__)
 
@@ -381,13 +382,14 @@ class BatchPrefetcher:
 
 class PrefetchLoader(BatchPrefetcher):
     """The v1 loader: batches of a ``SplitData`` as ``Batch(x, y)``. On CUDA batches land in
-    pinned memory and are copied with ``non_blocking=True``."""
+    pinned memory and are copied on a side stream (``device_copy``)."""
 
     def __init__(self, data: SplitData, indices: np.ndarray, batch_size: int, start_step: int,
                  device: torch.device, num_workers: int = 1, prefetch_batches: int = 4):
         self.data = data
         self.device = device
         self.pin = device.type == "cuda"
+        self.copy = DeviceCopier(device)
         super().__init__(self._load, self._deliver, indices, batch_size, start_step, num_workers,
                          prefetch_batches)
 
@@ -395,10 +397,7 @@ class PrefetchLoader(BatchPrefetcher):
         return [self.data.load_batch(idx, self.pin) for idx in batches]
 
     def _deliver(self, item: tuple[torch.Tensor, torch.Tensor]) -> Batch:
-        x, y = item
-        if self.device.type != "cpu":
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
+        x, y = self.copy(item)
         return Batch(x, y)
 
 

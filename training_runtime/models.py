@@ -8,6 +8,7 @@ classifier ``pad_id``), which the runtime passes when the data has them."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import math
@@ -52,6 +53,38 @@ def image_shape(input_shape: Sequence[int], model: str = "cnn") -> tuple[int, in
                      f"square, got {list(input_shape)}; pick another model.name")
 
 
+class AvgPoolTo(nn.Module):
+    """AdaptiveAvgPool2d to ``size`` x ``size``, through avg_pool2d when the size divides the input
+    evenly (the same numbers): CUDA's adaptive_avg_pool2d backward adds with atomics, so it is
+    nondeterministic and refused under torch.use_deterministic_algorithms; avg_pool2d's is not."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x.mean((-2, -1), keepdim=True)
+        if torch.onnx.is_in_onnx_export():  # exported graphs keep the adaptive op (sizes are symbolic there)
+            return F.adaptive_avg_pool2d(x, self.size)
+        h, w = x.shape[-2:]
+        if h % self.size == 0 and w % self.size == 0:
+            return F.avg_pool2d(x, (h // self.size, w // self.size))
+        return F.adaptive_avg_pool2d(x, self.size)
+
+
+def deterministic_attention(x: torch.Tensor):
+    """Under torch.use_deterministic_algorithms on CUDA, keep scaled_dot_product_attention off the
+    flash kernel, whose backward is nondeterministic (and refused in that mode): the
+    memory-efficient kernel has a deterministic backward in that mode, the math one is the
+    fallback. Otherwise no restriction."""
+    if not (x.is_cuda and torch.are_deterministic_algorithms_enabled()):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 class CNN(nn.Module):
     def __init__(self, input_shape: Sequence[int], num_classes: int, channels: int = 32,
                  dropout: float = 0.0):
@@ -61,7 +94,7 @@ class CNN(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(c, channels, 3, padding=1), nn.ReLU(),
             nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+            AvgPoolTo(2), nn.Flatten(),
         )
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(8 * channels, num_classes))
 
@@ -179,7 +212,7 @@ class ResNet(nn.Module):
                 blocks.append(BasicBlock(width, out, stride=2 if stage > 0 and i == 0 else 1))
                 width = out
         self.blocks = nn.Sequential(*blocks)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout),
+        self.head = nn.Sequential(AvgPoolTo(1), nn.Flatten(), nn.Dropout(dropout),
                                   nn.Linear(width, num_classes))
         # He init, as torchvision's ResNets: larger conv weights than PyTorch's default, so an
         # Adam step changes them by a smaller fraction and BatchNorm's running statistics lag less.
@@ -206,8 +239,9 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, *, causal: bool, keep: torch.Tensor | None = None) -> torch.Tensor:
         n, length, d = x.shape
         q, k, v = self.qkv(x).reshape(n, length, 3, self.nhead, d // self.nhead).permute(2, 0, 3, 1, 4).unbind(0)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        with deterministic_attention(x):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal,
+                                               dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(n, length, d))
 
 
@@ -385,10 +419,10 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **kwarg
 
 
 def shardable_submodules(model: nn.Module) -> list[nn.Module]:
-    """Modules FSDP shards as their own units: the transformer layers or residual blocks when
-    there are any, otherwise the convolutions and linear layers. The root takes the rest (the
-    embeddings and a head tied to them stay together in the root)."""
-    blocks = [m for m in model.modules() if isinstance(m, (nn.TransformerEncoderLayer, TransformerBlock, BasicBlock))]
-    if blocks:
-        return blocks
-    return [m for m in model.modules() if m is not model and isinstance(m, (nn.Conv2d, nn.Linear))]
+    """Modules FSDP shards as their own units: the transformer layers or residual blocks. Each
+    unit is one all-gather before its forward and one reduce-scatter after its backward, so a unit
+    should be a block's worth of compute that hides the next block's all-gather. A model without
+    such blocks (the MLP, the small CNN) is one unit, the root: a unit per Linear or Conv would
+    pay a collective's latency for every layer and save little memory. The root takes what no
+    unit holds (the embeddings and a head tied to them stay together in the root)."""
+    return [m for m in model.modules() if isinstance(m, (nn.TransformerEncoderLayer, TransformerBlock, BasicBlock))]

@@ -6,10 +6,11 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
+
+from .gpu_stats import GpuStats
 
 log = logging.getLogger("training_runtime")
 
@@ -30,47 +31,32 @@ class LogReporter:
 
 
 class SystemStats:
-    """CPU percent and RSS of this process (psutil); GPU utilisation, memory and temperature
-    through nvidia-ml-py when the device is CUDA."""
+    """CPU percent and RSS of this process (psutil) and, on a CUDA device, the GPU figures of
+    ``GpuStats`` (NVML where available, torch's memory counters always). Never raises for a
+    missing or partial NVML: what is unavailable is left out and ``warn`` is told once."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, *, nvml: Any = None,
+                 warn: Callable[[str], None] = log.warning):
         import psutil
 
         self.proc = psutil.Process()
-        self.proc.cpu_percent(None)
-        self.nvml_handle = None
-        if device.type == "cuda":
-            import pynvml
+        self.proc.cpu_percent(None)  # primes the counter; the first real reading is the next one
+        self.gpu = GpuStats(device, nvml=nvml, warn=warn) if device.type == "cuda" else None
 
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device.index or 0))
+    def describe(self) -> dict[str, Any]:
+        """Which GPU this process samples (gpu_name, gpu_uuid, gpu_stats_source); {} off CUDA."""
+        return self.gpu.describe() if self.gpu is not None else {}
 
     def sample(self) -> dict[str, Any]:
         out: dict[str, Any] = {"cpu_percent": self.proc.cpu_percent(None),
                                "rss_bytes": self.proc.memory_info().rss}
-        if self.nvml_handle is not None:
-            nv, h = self.nvml, self.nvml_handle
-            util = nv.nvmlDeviceGetUtilizationRates(h)
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
-            out.update(gpu_utilization_percent=util.gpu, gpu_memory_used_bytes=mem.used,
-                       gpu_memory_total_bytes=mem.total,
-                       gpu_temperature_c=nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        if self.gpu is not None:
+            out.update(self.gpu.sample())
         return out
 
     def close(self) -> None:
-        if self.nvml_handle is not None:
-            self.nvml.nvmlShutdown()
-            self.nvml_handle = None
-
-
-def _nvml_index(cuda_index: int) -> int:
-    """Map a CUDA ordinal to an NVML index through CUDA_VISIBLE_DEVICES when it lists ordinals."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    parts = [p.strip() for p in visible.split(",") if p.strip()]
-    if parts and all(p.isdigit() for p in parts) and cuda_index < len(parts):
-        return int(parts[cuda_index])
-    return cuda_index
+        if self.gpu is not None:
+            self.gpu.close()
 
 
 def progress_line(*, epoch: int, epochs: int, step: int, total: int, loss: float,

@@ -26,6 +26,8 @@ from . import checkpoint as ckpt
 from .config import ConfigError, RunConfig
 from .context import TrainingContext
 from .distributed import full_optimizer_state, load_full_state
+from .distributed import is_sharded
+from .interval_gather import IntervalGather, IntervalTimer, PendingGather
 from .telemetry import SystemStats, progress_line
 from .validation import BestTracker
 
@@ -49,11 +51,14 @@ class FaultInjection:
         return self.in_checkpoint_write and restart_count == 0 and rank == self.rank and step == self.step
 
 
-def make_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: RunConfig, model: torch.nn.Module, device: torch.device | None = None) -> torch.optim.Optimizer:
+    """AdamW or SGD; on CUDA the fused implementation (one kernel for the whole update instead of
+    several per parameter group, and no host round trip)."""
     t = cfg.train
+    fused = {"fused": True} if device is not None and device.type == "cuda" else {}
     if t.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.9, weight_decay=t.weight_decay)
+        return torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay, **fused)
+    return torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.9, weight_decay=t.weight_decay, **fused)
 
 
 def lr_multiplier(schedule: str, warmup_steps: int, total_steps: int, step: int) -> float:
@@ -99,7 +104,9 @@ class _Interval:
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)  # summed on device: no sync per step
+        self.grad_norm = torch.zeros((), device=device)  # the last step's, when clipping
         self.steps, self.samples, self.time_s, self.wait_s = 0, 0, 0.0, 0.0
+        self.timer = IntervalTimer(device)
 
     def add(self, time_s: float, wait_s: float, samples: int) -> None:
         self.steps += 1
@@ -138,7 +145,7 @@ class Trainer:
     def _build(self) -> None:
         cfg = self.cfg
         self.model = self.ctx.build_model()
-        self.optimizer = make_optimizer(cfg, self.model)
+        self.optimizer = make_optimizer(cfg, self.model, self.info.device)
         t = cfg.train
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_multiplier(t.lr_schedule, t.warmup_steps, self.total_steps, s))
@@ -147,6 +154,7 @@ class Trainer:
     def _save(self, step: int) -> float:
         """Collective. Returns the time training stood still for this save."""
         t0 = time.perf_counter()
+        self._finish_pending()  # the checkpoint holds every interval's history and totals
         sharding = self.cfg.train.sharding
         model_sd = self.ctx.full_state(self.model)
         optim_sd = full_optimizer_state(self.model, self.optimizer, sharding)
@@ -207,14 +215,17 @@ class Trainer:
         return found[1]["model"]
 
     # ------------------------------------------------------------ training
-    def _train_step(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        accum = self.cfg.train.grad_accum_steps
+    def _train_step(self, batch: dict[str, torch.Tensor], iv: _Interval) -> torch.Tensor:
+        t = self.cfg.train
+        accum = t.grad_accum_steps
         n = len(next(iter(batch.values())))
         parts = {k: v.tensor_split(accum) for k, v in batch.items()}
         chunks = [{k: parts[k][i] for k in batch} for i in range(accum)]
         chunks = [c for c in chunks if len(next(iter(c.values())))]
         total = torch.zeros((), device=self.info.device)
-        bf16 = self.cfg.train.precision == "bf16"
+        # FSDP/HSDP compute in bf16 through their MixedPrecisionPolicy; autocast would re-cast the
+        # (already bf16) weights on every forward.
+        bf16 = t.precision == "bf16" and not is_sharded(t.sharding)
         for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
             rows = len(next(iter(chunk.values())))
@@ -224,13 +235,16 @@ class Trainer:
                 loss = self.task.loss(outputs, targets) * (rows / n)
             loss.backward()
             total += loss.detach().float()
+        if t.grad_clip_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip_norm)
+            iv.grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
 
     def _grad_sync(self, enabled: bool):
-        if self.cfg.train.sharding == "fsdp":
+        if is_sharded(self.cfg.train.sharding):
             self.model.set_requires_gradient_sync(enabled)
             return contextlib.nullcontext()
         return contextlib.nullcontext() if enabled else self.model.no_sync()
@@ -276,22 +290,27 @@ class Trainer:
         step = resumed or 0
         self.stats = SystemStats(info.device) if info.is_main else None
         if info.is_main:
+            gpu = self.stats.describe().get("gpu_name")
             self.reporter.info(
                 f"training {cfg.model.name} ({self.task.name}) on {self.num_samples} samples, {info.world_size} "
-                f"rank(s) {info.backend}/{info.device.type}, {self.steps_per_epoch} steps/epoch, "
-                f"{self.total_steps} steps, starting at step {step}")
+                f"rank(s) {info.backend}/{info.device.type}{f' ({gpu})' if gpu else ''}, {self.steps_per_epoch} "
+                f"steps/epoch, {self.total_steps} steps, starting at step {step}")
         self.model.train()
         self.t_start = time.perf_counter()
         self.start_step = step
         attempt_steps = 0
         iv = _Interval(info.device)
+        self.gather = IntervalGather(info.device, info.world_size)
+        self.pending: PendingGather | None = None
+        self.unread_timer: tuple[IntervalTimer, int, int] | None = None  # last closed interval: timer, steps, end step
         stop_at = self.total_steps if not self.stopped_early else step
         for epoch, batches in ctx.epochs(step) if step < stop_at else ():
             seen_wait = 0.0
             t_prev = time.perf_counter()
             for batch in batches:
                 lr = self.scheduler.get_last_lr()[0]
-                iv.loss += self._train_step(batch)
+                iv.timer.mark_start()
+                iv.loss += self._train_step(batch, iv)
                 step += 1
                 attempt_steps += 1
                 now = time.perf_counter()
@@ -300,7 +319,12 @@ class Trainer:
                 if self.fault and self.fault.kill_mid_step(info.rank, step, self.restart_count):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self._is_boundary(step):
-                    self._close_interval(iv, step, epoch, lr)
+                    # Telemetry-only boundaries are read one interval later; where the run
+                    # synchronises anyway (checkpoint, validation, end, stop) they are read now,
+                    # so checkpointed history and totals are complete.
+                    flush = (self._validation_due(step) or step % cfg.checkpoint.every_steps == 0
+                             or step == self.total_steps)
+                    self._close_interval(iv, step, epoch, lr, flush=flush)
                     iv = _Interval(info.device)
                 if self._validation_due(step):
                     self._validate(step)
@@ -317,6 +341,7 @@ class Trainer:
                     break
             if step >= self.total_steps or self.stopped_early:
                 break
+        self._finish_pending()
         if ctx.last_checkpoint_step != step:
             self.totals.checkpoint_stall_s += self._save(step)
         ctx.wait_for_checkpoints()
@@ -349,22 +374,43 @@ class Trainer:
                 or step % self.cfg.checkpoint.every_steps == 0 or step == self.total_steps
                 or self._validation_due(step))
 
-    def _close_interval(self, iv: _Interval, step: int, epoch: int, lr: float) -> None:
-        """Collective: average the loss, gather per-rank timings, record history, report."""
+    def _close_interval(self, iv: _Interval, step: int, epoch: int, lr: float, *, flush: bool) -> None:
+        """Collective: launch the all-gather of this interval's figures, then read the previous
+        interval's (and this one's too when ``flush``). Each gather also carries the GPU time of
+        the interval before, whose end event has run by now."""
+        iv.timer.mark_end()
+        gpu_s, gpu_steps, gpu_upto = -1.0, 0, None
+        if self.unread_timer is not None:
+            timer, steps, end_step = self.unread_timer
+            elapsed = timer.elapsed_s()
+            if elapsed is not None:
+                gpu_s, gpu_steps, gpu_upto = elapsed, steps, end_step
+        mine = self.gather.pack([iv.loss, iv.grad_norm], [iv.steps, iv.time_s, iv.wait_s, gpu_s, gpu_steps])
+        launched = self.gather.launch(mine, meta={"step": step, "epoch": epoch, "lr": lr, "samples": iv.samples,
+                                                  "steps": iv.steps, "gpu_upto": gpu_upto})
+        self._finish_pending()
+        self.pending, self.unread_timer = launched, (iv.timer, iv.steps, step)
+        if flush:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        """Read and record the gathered figures in flight, if any."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self._record_interval(pending.read(), **pending.meta)
+
+    def _record_interval(self, per_rank: list[list[float]], *, step: int, epoch: int, lr: float, samples: int,
+                         steps: int, gpu_upto: int | None) -> None:
+        """Average the loss, add per-rank timings to the totals, record history, report.
+        ``per_rank`` rows: [loss sum, last grad norm, steps, host seconds, wait seconds, GPU seconds
+        of the rank's previous interval (-1: none), its steps]."""
         info, cfg, totals = self.info, self.cfg, self.totals
-        # One all_gather of [loss sum, steps, time, wait] per rank: a collective's latency, not
-        # the three (all_reduce, then all_gather_object's size and payload exchanges) it was.
-        mine = torch.cat([iv.loss.detach().double().reshape(1),
-                          torch.tensor([iv.steps, iv.time_s, iv.wait_s], dtype=torch.float64, device=info.device)])
-        gathered = [torch.empty_like(mine) for _ in range(info.world_size)]
-        dist.all_gather(gathered, mine)
-        per_rank = torch.stack(gathered).cpu().tolist()
-        loss = sum(r[0] for r in per_rank) / sum(r[1] for r in per_rank)
-        ranks = [(r[2], r[3]) for r in per_rank]
+        loss = sum(r[0] for r in per_rank) / sum(r[2] for r in per_rank)
+        ranks = [(r[3], r[4]) for r in per_rank]
         times = [t for t, _ in ranks]
         mean_time = sum(times) / len(times)
-        totals.samples += iv.samples
-        totals.steps_timed += iv.steps
+        totals.samples += samples
+        totals.steps_timed += steps
         totals.train_time_s += mean_time
         for r, (t, w) in enumerate(ranks):
             totals.step_time_s[r] += t
@@ -373,20 +419,24 @@ class Trainer:
         self.lr_history.append((step, lr))
         if not info.is_main:
             return
-        sps = iv.samples / max(1e-12, mean_time)
+        sps = samples / max(1e-12, mean_time)
         if step % max(1, math.ceil(self.total_steps / 10)) == 0 or step == self.total_steps:
             self.reporter.info(progress_line(
                 epoch=epoch + 1, epochs=cfg.train.epochs, step=step, total=self.total_steps,
                 start_step=self.start_step, loss=loss, samples_per_second=sps,
                 elapsed_s=time.perf_counter() - self.t_start))
         if step % cfg.telemetry.every_steps == 0 or step == self.total_steps:
+            gpu = {}
+            if all(r[5] >= 0 and r[6] > 0 for r in per_rank):  # CUDA events, an interval behind
+                gpu = {"per_rank_gpu_step_time_s": [r[5] / r[6] for r in per_rank], "gpu_time_upto_step": gpu_upto}
+            clip = {"grad_norm": per_rank[0][1]} if cfg.train.grad_clip_norm is not None else {}
             self.reporter.custom({
                 "kind": "telemetry", "step": step, "epoch": epoch + 1, "loss": loss, "lr": lr,
                 "samples_per_second": sps,
                 "data_wait_share": sum(w for _, w in ranks) / max(1e-12, sum(times)),
-                "per_rank_step_time_s": [t / iv.steps for t in times],
+                "per_rank_step_time_s": [t / max(1, steps) for t in times],
                 "per_rank_data_wait_share": [w / max(1e-12, t) for t, w in ranks],
-                **self.stats.sample()})
+                **gpu, **clip, **self.stats.sample()})
 
     def _metrics(self, step: int, attempt_steps: int, resumed: int | None) -> dict[str, Any]:
         info, cfg, t = self.info, self.cfg, self.totals

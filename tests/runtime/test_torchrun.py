@@ -175,3 +175,16 @@ def test_a_user_function_killed_before_its_first_checkpoint_fails_and_says_so(pr
     proc = torchrun(cfg, root / "user_no_ckpt.json", max_restarts=1, env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": "0:3"})
     assert proc.returncode != 0
     assert "saved no checkpoint" in proc.stderr and "ctx.save_checkpoint" in proc.stderr
+
+
+def test_hsdp_with_deterministic_kernels_and_clipping_trains_like_ddp(baseline, problem):
+    """HSDP on one node (mesh 1 x 2: replicate x shard) under deterministic kernels matches DDP;
+    a clip norm above every gradient's norm leaves the updates alone while reporting the norm."""
+    root, manifest, locations = problem
+    cfg = make_config(root, manifest, locations, name="hsdp", sharding="hsdp",
+                      deterministic=True, grad_clip_norm=1e6, collective_timeout_s=120.0)
+    proc = torchrun(cfg, root / "hsdp.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _metrics(cfg)["sharding"] == "hsdp"
+    _assert_same_weights(_weights(baseline[0]), _weights(cfg))
+    assert '"grad_norm"' in proc.stderr  # the telemetry lines carry the gradient norm
