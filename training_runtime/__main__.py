@@ -3,8 +3,11 @@
 Test hook: ``TRAINING_RUNTIME_FAULT_KILL_AT_STEP=RANK:STEP`` makes rank RANK SIGKILL itself after
 optimizer step STEP on the first attempt (to exercise ``torchrun --max-restarts``);
 ``RANK:STEP:checkpoint`` kills it inside the write of checkpoint STEP instead, after the state file
-is on disk and before the checkpoint is published (rank 0 writes checkpoints). It is read only
-here and handed to the trainer.
+is on disk and before the checkpoint is published (rank 0 writes checkpoints).
+``TRAINING_RUNTIME_FAULT_SLOW_RANK=RANK:SECONDS`` makes a rank sleep before each forward (a
+straggler), ``TRAINING_RUNTIME_FAULT_SLOW_LOADER=SECONDS`` every batch load (a data stall) and
+``TRAINING_RUNTIME_FAULT_STOP_AT_STEP=RANK:STEP`` a rank SIGSTOP itself on the first attempt (a hang).
+They are read only here and handed to the trainer.
 """
 
 from __future__ import annotations
@@ -23,22 +26,42 @@ from .distributed import close_distributed, init_distributed
 from .error_file import AtomicErrorHandler
 from .numerics import configure_numerics
 from .telemetry import LogReporter
+from .tensorboard_log import tensorboard_reporting
 from .context import TrainingContext
 from .trainer import FaultInjection, Trainer
 from .user_loop import run_train_fn
 
 FAULT_ENV = "TRAINING_RUNTIME_FAULT_KILL_AT_STEP"
+SLOW_RANK_ENV = "TRAINING_RUNTIME_FAULT_SLOW_RANK"  # RANK:SECONDS slept before each forward (a straggler)
+SLOW_LOADER_ENV = "TRAINING_RUNTIME_FAULT_SLOW_LOADER"  # SECONDS slept in each batch load (a data stall)
+STOP_ENV = "TRAINING_RUNTIME_FAULT_STOP_AT_STEP"  # RANK:STEP: the rank SIGSTOPs itself on attempt 0 (a hang)
 
 
 def _fault_from_env() -> FaultInjection | None:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
+    kill, slow_rank, slow_loader, stop = (os.environ.get(k) for k in (FAULT_ENV, SLOW_RANK_ENV, SLOW_LOADER_ENV,
+                                                                       STOP_ENV))
+    if not (kill or slow_rank or slow_loader or stop):
         return None
-    rank, _, rest = spec.partition(":")
-    step, _, where = rest.partition(":")
-    if not (rank.isdigit() and step.isdigit()) or where not in ("", "checkpoint"):
-        raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP' or 'RANK:STEP:checkpoint', got {spec!r}")
-    return FaultInjection(rank=int(rank), step=int(step), in_checkpoint_write=where == "checkpoint")
+    fields: dict = {}
+    if kill:
+        rank, _, rest = kill.partition(":")
+        step, _, where = rest.partition(":")
+        if not (rank.isdigit() and step.isdigit()) or where not in ("", "checkpoint"):
+            raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP' or 'RANK:STEP:checkpoint', got {kill!r}")
+        fields.update(rank=int(rank), step=int(step), in_checkpoint_write=where == "checkpoint")
+    try:
+        if slow_rank:
+            rank, _, seconds = slow_rank.partition(":")
+            fields.update(slow_rank=int(rank), slow_rank_s=float(seconds))
+        if slow_loader:
+            fields.update(slow_loader_s=float(slow_loader))
+        if stop:
+            rank, _, step = stop.partition(":")
+            fields.update(stop_rank=int(rank), stop_step=int(step))
+    except ValueError as e:
+        raise ConfigError(f"{SLOW_RANK_ENV} must be 'RANK:SECONDS', {SLOW_LOADER_ENV} 'SECONDS' and {STOP_ENV} "
+                          f"'RANK:STEP': {e}") from e
+    return FaultInjection(**fields)
 
 
 def _load_config(path: str) -> RunConfig:
@@ -75,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
             context = TrainingContext(cfg, info, reporter, restarts, fault)
-            if cfg.train_fn is not None:
-                run_train_fn(context)
-            else:
-                Trainer(cfg, info, reporter, fault, restart_count=restarts, context=context).run()
+            # Rank 0 also writes TensorBoard event files beside the checkpoints (telemetry.tensorboard).
+            with tensorboard_reporting(context) as context.reporter:
+                if cfg.train_fn is not None:
+                    run_train_fn(context)
+                else:
+                    Trainer(cfg, info, context.reporter, fault, restart_count=restarts, context=context).run()
         finally:
             close_distributed()
     return 0

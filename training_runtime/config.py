@@ -146,6 +146,38 @@ class TelemetryConfig:
     every_steps: int = _doc(
         "Record loss/lr history and report telemetry every N optimizer steps.", default=10
     )
+    tensorboard: bool = _doc(
+        "Rank 0 also writes the figures as TensorBoard event files in <checkpoint.dir>/../tensorboard.",
+        default=True,
+    )
+
+
+@dataclass(kw_only=True)
+class GuardsConfig:
+    enabled: bool = _doc("Run the guards at all (off: no per-step non-finite check, no watchdog, no warnings; "
+                         "for measuring what they cost).", default=True)
+    nonfinite_skip_batches: int = _doc(
+        "Non-finite loss or gradient: 0 stops the run at once (the last good checkpoint is kept); N > 0 skips "
+        "up to N such batches (their optimizer step is not taken) before stopping. Skipping needs a "
+        "host-device synchronisation every step.", default=0)
+    loss_spike_factor: float | None = _doc(
+        "Warn when an interval's loss exceeds this multiple of the median of the recent intervals' (None: off).",
+        default=3.0)
+    loss_spike_window: int = _doc("Intervals in the loss spike's median.", default=10)
+    straggler_factor: float = _doc(
+        "Warn when a rank's compute time per step exceeds this multiple of the ranks' median.", default=1.5)
+    straggler_window: int = _doc("Telemetry intervals the straggler check averages over.", default=5)
+    straggler_min_excess_s: float = _doc(
+        "...and exceeds the median by at least this many seconds per step (noise on tiny steps).", default=0.005)
+    data_stall_share: float | None = _doc(
+        "Warn when a rank waits for batches more than this share of its step time (None: off).", default=0.3)
+    gpu_max_temperature_c: float = _doc("Warn when a GPU reaches this temperature (NVML).", default=85.0)
+    hang_timeout_s: float | None = _doc(
+        "Fail the attempt, dumping every thread's stack, when no training step finishes for this long "
+        "(validation and checkpoint writes excepted; None: no watchdog). Keep it below "
+        "train.collective_timeout_s so the stacks are printed before the process group aborts.", default=300.0)
+    repeat_after_intervals: int = _doc(
+        "A warning about the same detector and rank is repeated at most once per this many intervals.", default=10)
 
 
 @dataclass(kw_only=True)
@@ -163,6 +195,8 @@ class RunConfig:
         "(None: the built-in trainer).", default=None)
     validation: ValidationConfig = _doc("Validation during training, early stopping and keep_best.",
                                         default_factory=ValidationConfig)
+    guards: GuardsConfig = _doc("What stops or warns about a training going wrong (NaN, spikes, stragglers, "
+                                "data stalls, hot GPUs, hangs).", default_factory=GuardsConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -220,12 +254,37 @@ class RunConfig:
             raise ConfigError(f"data.cache_dir must be an absolute path, got {self.data.cache_dir!r}")
         if self.telemetry.every_steps < 1:
             raise ConfigError(f"telemetry.every_steps must be >= 1, got {self.telemetry.every_steps}")
+        self._validate_guards()
         a = self.train.augment
         if a.padding < 0:
             raise ConfigError(f"train.augment.padding must be >= 0, got {a.padding}")
         if (a.padding or a.hflip) and self.data_info().kind != "images":
             raise ConfigError(f"train.augment applies to images; this data is {self.data_info().kind!r}: "
                               "set padding 0 and hflip false")
+
+    def _validate_guards(self) -> None:
+        g = self.guards
+        for name in ("nonfinite_skip_batches",):
+            if getattr(g, name) < 0:
+                raise ConfigError(f"guards.{name} must be >= 0, got {getattr(g, name)}")
+        for name in ("loss_spike_window", "straggler_window", "repeat_after_intervals"):
+            if getattr(g, name) < 1:
+                raise ConfigError(f"guards.{name} must be >= 1, got {getattr(g, name)}")
+        for name, low in (("loss_spike_factor", 1.0), ("straggler_factor", 1.0)):
+            value = getattr(g, name)
+            if value is not None and not (value > low and math.isfinite(value)):
+                raise ConfigError(f"guards.{name} must be a finite number above {low:g}, got {value}")
+        if g.data_stall_share is not None and not 0 < g.data_stall_share < 1:
+            raise ConfigError(f"guards.data_stall_share must be between 0 and 1 (exclusive) or null, got "
+                              f"{g.data_stall_share}")
+        if g.hang_timeout_s is not None and not (g.hang_timeout_s > 0 and math.isfinite(g.hang_timeout_s)):
+            raise ConfigError(f"guards.hang_timeout_s must be a positive number of seconds or null, got {g.hang_timeout_s}")
+        if g.hang_timeout_s is not None and g.hang_timeout_s >= self.train.collective_timeout_s:
+            raise ConfigError(f"guards.hang_timeout_s ({g.hang_timeout_s:g}) must be below train.collective_timeout_s "
+                              f"({self.train.collective_timeout_s:g}): the watchdog prints every rank's stack before "
+                              "the process group aborts the collective")
+        if g.straggler_min_excess_s < 0:
+            raise ConfigError(f"guards.straggler_min_excess_s must be >= 0, got {g.straggler_min_excess_s}")
 
     def _validate_validation(self) -> None:
         v = self.validation
@@ -476,7 +535,7 @@ def _build(cls: type, d: Any, prefix: str) -> Any:
 
 _NESTED = {"ModelConfig": ModelConfig, "DataConfig": DataConfig, "TrainConfig": TrainConfig,
            "CheckpointConfig": CheckpointConfig, "TelemetryConfig": TelemetryConfig,
-           "AugmentConfig": AugmentConfig, "ValidationConfig": ValidationConfig}
+           "AugmentConfig": AugmentConfig, "ValidationConfig": ValidationConfig, "GuardsConfig": GuardsConfig}
 
 
 def _coerce(type_str: str, value: Any, path: str) -> Any:

@@ -32,6 +32,7 @@ import math
 import os
 import random
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,9 +196,12 @@ class TrainingContext:
         """The raw loader of this rank's share of training epoch ``epoch`` from its step ``start_step``."""
         t = self.config.train
         idx = epoch_indices(self.num_train_samples, self.world_size, self.rank, epoch, t.seed)
-        return split_loader(self.split("train"), self.data_info, idx, self.local_batch_size, start_step, self.device,
-                            epoch=epoch, seed=t.seed, augment=t.augment, num_workers=t.num_workers,
-                            prefetch_batches=t.prefetch_batches)
+        loader = split_loader(self.split("train"), self.data_info, idx, self.local_batch_size, start_step, self.device,
+                              epoch=epoch, seed=t.seed, augment=t.augment, num_workers=t.num_workers,
+                              prefetch_batches=t.prefetch_batches)
+        if self.fault is not None and self.fault.slow_loader_s:  # test hook: a data stall
+            loader.load_batches = _delayed(loader.load_batches, self.fault.slow_loader_s)
+        return loader
 
     def epochs(self, start_step: int = 0) -> Iterator[tuple[int, EpochBatches]]:
         """``(epoch, batches)`` from global step ``start_step`` to ``total_steps``; the caller stops
@@ -365,6 +369,14 @@ class TrainingContext:
                         torch_version=torch.__version__, **_accelerator_versions(self.device))
         ckpt.atomic_write_json(out / "resolved_config.json", resolved)
         ckpt.atomic_write_json(out / "metrics.json", _json_safe(metrics))
+
+
+def _delayed(load, seconds: float):
+    def slow_load(batches):
+        time.sleep(seconds)
+        return load(batches)
+
+    return slow_load
 
 
 def _accelerator_versions(device: torch.device) -> dict[str, Any]:

@@ -5,6 +5,7 @@ model files) goes through ``TrainingContext``, the same context a user's trainin
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -12,6 +13,7 @@ import math
 import os
 import random
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,9 @@ from . import checkpoint as ckpt
 from .config import ConfigError, RunConfig
 from .context import TrainingContext
 from .distributed import full_optimizer_state, load_full_state
-from .distributed import is_sharded
+from .distributed import all_gather_object, is_sharded
+from . import guards
+from .guards import Detection, HangWatchdog, NonFiniteLoss, RankPlace, WindowedTimes
 from .interval_gather import IntervalGather, IntervalTimer, PendingGather
 from .telemetry import SystemStats, progress_line
 from .validation import BestTracker
@@ -40,9 +44,14 @@ class FaultInjection:
     ``in_checkpoint_write`` the kill comes inside the write of checkpoint ``step`` instead: the
     state file is on disk, the checkpoint is not yet published."""
 
-    rank: int
-    step: int
+    rank: int = -1
+    step: int = -1
     in_checkpoint_write: bool = False
+    slow_rank: int | None = None  # this rank sleeps slow_rank_s before each forward (a straggler)
+    slow_rank_s: float = 0.0
+    slow_loader_s: float = 0.0  # every batch load sleeps this long (a data stall)
+    stop_rank: int | None = None  # this rank SIGSTOPs itself after step stop_step on attempt 0 (a hang)
+    stop_step: int = -1
 
     def kill_mid_step(self, rank: int, step: int, restart_count: int) -> bool:
         return not self.in_checkpoint_write and restart_count == 0 and rank == self.rank and step == self.step
@@ -104,8 +113,12 @@ class _Interval:
 
     def __init__(self, device: torch.device):
         self.loss = torch.zeros((), device=device)  # summed on device: no sync per step
-        self.grad_norm = torch.zeros((), device=device)  # the last step's, when clipping
+        self.grad_norm = torch.zeros((), device=device)  # the last step's
+        self.nonfinite = torch.zeros((), device=device)  # steps with a non-finite loss or gradient
+        self.nonfinite_loss = torch.zeros((), device=device)  # ... where the loss itself was
+        self.first_nonfinite = torch.full((), -1.0, device=device)  # the first of them (-1: none)
         self.steps, self.samples, self.time_s, self.wait_s = 0, 0, 0.0, 0.0
+        self.compute_s = 0.0  # host time from a step's start to its loss, before any collective
         self.timer = IntervalTimer(device)
 
     def add(self, time_s: float, wait_s: float, samples: int) -> None:
@@ -155,6 +168,11 @@ class Trainer:
         """Collective. Returns the time training stood still for this save."""
         t0 = time.perf_counter()
         self._finish_pending()  # the checkpoint holds every interval's history and totals
+        with self.watchdog.paused():
+            self._save_now(step)
+        return time.perf_counter() - t0
+
+    def _save_now(self, step: int) -> None:
         sharding = self.cfg.train.sharding
         model_sd = self.ctx.full_state(self.model)
         optim_sd = full_optimizer_state(self.model, self.optimizer, sharding)
@@ -162,12 +180,12 @@ class Trainer:
             "epoch": step // self.steps_per_epoch, "step_in_epoch": step % self.steps_per_epoch,
             "model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
             "history": self._history_state()})
-        return time.perf_counter() - t0
 
     def _history_state(self) -> dict[str, Any]:
         return {"loss_history": [list(x) for x in self.loss_history],
                 "lr_history": [list(x) for x in self.lr_history], "totals": self.totals.to_dict(),
-                "validation": self.best.state() if self.best else None, "stopped_early": self.stopped_early}
+                "validation": self.best.state() if self.best else None, "stopped_early": self.stopped_early,
+                "detections": self.detections, "nonfinite_skipped": self.nonfinite_skipped}
 
     def _resume(self) -> int | None:
         """Load the newest valid checkpoint into model/optimizer/scheduler/RNG; returns its step."""
@@ -187,6 +205,8 @@ class Trainer:
         if self.best is not None and h.get("validation"):
             self.best.restore(h["validation"])
         self.stopped_early = bool(h.get("stopped_early", False))
+        self.detections = list(h.get("detections", []))
+        self.nonfinite_skipped = int(h.get("nonfinite_skipped", 0))
         return int(state["step"])
 
     # ------------------------------------------------------------ best model
@@ -215,8 +235,12 @@ class Trainer:
         return found[1]["model"]
 
     # ------------------------------------------------------------ training
-    def _train_step(self, batch: dict[str, torch.Tensor], iv: _Interval) -> torch.Tensor:
+    def _train_step(self, batch: dict[str, torch.Tensor], iv: _Interval, step: int) -> torch.Tensor:
+        """Optimizer step ``step`` (1-based) on ``batch``."""
         t = self.cfg.train
+        t0 = time.perf_counter()
+        if self.fault and self.fault.slow_rank == self.info.rank:
+            time.sleep(self.fault.slow_rank_s)  # test hook: this rank's own work takes longer
         accum = t.grad_accum_steps
         n = len(next(iter(batch.values())))
         parts = {k: v.tensor_split(accum) for k, v in batch.items()}
@@ -233,15 +257,53 @@ class Trainer:
                                                        enabled=bf16):
                 outputs, targets = self.task.forward(self.model, chunk)
                 loss = self.task.loss(outputs, targets) * (rows / n)
+            if i == 0:  # the first chunk's forward: this rank's own work, before any gradient exchange
+                iv.compute_s += time.perf_counter() - t0
             loss.backward()
             total += loss.detach().float()
-        if t.grad_clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip_norm)
-            iv.grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP
+        if not self.cfg.guards.enabled:
+            if t.grad_clip_norm is not None:
+                iv.grad_norm = self._grad_norm()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return total
+        norm = self._grad_norm()
+        iv.grad_norm = norm
+        # Non-finite loss or gradient, counted on the device (no synchronisation) and read with the
+        # interval's figures; skipping a batch has to be decided now, so it costs a sync.
+        bad_loss = ~torch.isfinite(total)
+        bad = (bad_loss | ~torch.isfinite(norm)).float()
+        iv.nonfinite += bad
+        iv.nonfinite_loss += bad_loss.float()
+        iv.first_nonfinite = torch.where((bad > 0) & (iv.first_nonfinite < 0),
+                                         torch.full_like(iv.first_nonfinite, step), iv.first_nonfinite)
+        if self.cfg.guards.nonfinite_skip_batches and self._any_rank_bad(bad):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()  # the batch is consumed: the schedule stays aligned with the data
+            return torch.zeros_like(total)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The global gradient norm (clipping to train.grad_clip_norm when set): one fused pass over
+        the gradients, which also catches a non-finite gradient the loss did not show."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = self.cfg.train.grad_clip_norm
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        elif params:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        else:
+            norm = torch.zeros((), device=self.info.device)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP
+
+    def _any_rank_bad(self, bad: torch.Tensor) -> bool:
+        flag = bad.detach().clone()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _grad_sync(self, enabled: bool):
         if is_sharded(self.cfg.train.sharding):
@@ -258,6 +320,10 @@ class Trainer:
 
     def _validate(self, step: int) -> None:
         """Collective: evaluate on the validation split, track the best, keep its weights."""
+        with self.watchdog.paused():
+            self._validate_now(step)
+
+    def _validate_now(self, step: int) -> None:
         metrics = self.ctx.evaluate(self.model)
         self.model.train()
         improved = self.best.observe(step, metrics)
@@ -286,9 +352,28 @@ class Trainer:
         self.loss_history: list[tuple[int, float]] = []
         self.lr_history: list[tuple[int, float]] = []
         self.totals = RunTotals.empty(info.world_size)
+        self.detections: list[dict[str, Any]] = []
+        self.nonfinite_skipped = 0
         resumed = self._resume()
         step = resumed or 0
-        self.stats = SystemStats(info.device) if info.is_main else None
+        self.stats = SystemStats(info.device)  # every rank: each GPU's health is checked
+        gpu = self.stats.describe().get("gpu_name")
+        self.places = [RankPlace(**p) for p in all_gather_object(
+            {"host": socket.gethostname(), "gpu": f"cuda:{info.local_rank} {gpu}" if gpu else None})]
+        self.recent_losses: collections.deque[float] = collections.deque(maxlen=cfg.guards.loss_spike_window)
+        self.compute_window = WindowedTimes(info.world_size, cfg.guards.straggler_window)
+        self.last_warned: dict[tuple[str, int | None], int] = {}
+        self.watchdog = HangWatchdog(cfg.guards.hang_timeout_s if cfg.guards.enabled else None, info.rank,
+                                     on_hang=self._report_hang)
+        self.watchdog.start()
+        try:
+            return self._run_from(step, resumed)
+        finally:
+            self.watchdog.close()
+            self.stats.close()
+
+    def _run_from(self, step: int, resumed: int | None) -> dict[str, Any]:
+        cfg, info, ctx = self.cfg, self.info, self.ctx
         if info.is_main:
             gpu = self.stats.describe().get("gpu_name")
             self.reporter.info(
@@ -310,14 +395,18 @@ class Trainer:
             for batch in batches:
                 lr = self.scheduler.get_last_lr()[0]
                 iv.timer.mark_start()
-                iv.loss += self._train_step(batch, iv)
+                iv.loss += self._train_step(batch, iv, step + 1)
                 step += 1
+                self.watchdog.beat(step)
                 attempt_steps += 1
                 now = time.perf_counter()
                 iv.add(now - t_prev, batches.wait_s - seen_wait, self.local_batch * info.world_size)
                 t_prev, seen_wait = now, batches.wait_s
                 if self.fault and self.fault.kill_mid_step(info.rank, step, self.restart_count):
                     os.kill(os.getpid(), signal.SIGKILL)
+                if (self.fault and self.fault.stop_rank == info.rank and self.fault.stop_step == step
+                        and self.restart_count == 0):
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if self._is_boundary(step):
                     # Telemetry-only boundaries are read one interval later; where the run
                     # synchronises anyway (checkpoint, validation, end, stop) they are read now,
@@ -357,7 +446,6 @@ class Trainer:
             "best_value": self.best.best_value if self.best else None})
         ctx.write_outputs(metrics)
         if info.is_main:
-            self.stats.close()
             self.reporter.info(f"wrote model.safetensors, model_card.json, metrics.json to {cfg.output_dir}: "
                                f"final loss {metrics['final_loss']:.4f}, {metrics['steps']} steps"
                                + (f", weights of step {self.best.best_step}" if use_best else ""))
@@ -385,9 +473,14 @@ class Trainer:
             elapsed = timer.elapsed_s()
             if elapsed is not None:
                 gpu_s, gpu_steps, gpu_upto = elapsed, steps, end_step
-        mine = self.gather.pack([iv.loss, iv.grad_norm], [iv.steps, iv.time_s, iv.wait_s, gpu_s, gpu_steps])
+        sample = self.stats.sample()
+        temp = float(sample.get("gpu_temperature_c", -1.0))
+        harmful = sum(1 << i for i, name in enumerate(guards.HARMFUL_SLOWDOWNS)
+                      if name in sample.get("gpu_throttle_reasons", ()))
+        mine = self.gather.pack([iv.loss, iv.grad_norm, iv.nonfinite, iv.first_nonfinite, iv.nonfinite_loss],
+                                [iv.steps, iv.time_s, iv.wait_s, gpu_s, gpu_steps, iv.compute_s, temp, harmful])
         launched = self.gather.launch(mine, meta={"step": step, "epoch": epoch, "lr": lr, "samples": iv.samples,
-                                                  "steps": iv.steps, "gpu_upto": gpu_upto})
+                                                  "steps": iv.steps, "gpu_upto": gpu_upto, "sample": sample})
         self._finish_pending()
         self.pending, self.unread_timer = launched, (iv.timer, iv.steps, step)
         if flush:
@@ -400,13 +493,19 @@ class Trainer:
             self._record_interval(pending.read(), **pending.meta)
 
     def _record_interval(self, per_rank: list[list[float]], *, step: int, epoch: int, lr: float, samples: int,
-                         steps: int, gpu_upto: int | None) -> None:
-        """Average the loss, add per-rank timings to the totals, record history, report.
-        ``per_rank`` rows: [loss sum, last grad norm, steps, host seconds, wait seconds, GPU seconds
-        of the rank's previous interval (-1: none), its steps]."""
+                         steps: int, gpu_upto: int | None, sample: dict[str, Any]) -> None:
+        """Check the guards, average the loss, add per-rank timings to the totals, record history,
+        report. Every rank runs this on the same gathered rows, so all reach the same verdicts.
+        ``per_rank`` rows: [loss sum, last grad norm, non-finite steps, first non-finite step,
+        steps with a non-finite loss, steps, host seconds, wait seconds, GPU seconds of the rank's
+        previous interval (-1: none), its steps, compute seconds, GPU temperature (-1: none),
+        harmful slowdown bits]."""
         info, cfg, totals = self.info, self.cfg, self.totals
-        loss = sum(r[0] for r in per_rank) / sum(r[2] for r in per_rank)
-        ranks = [(r[3], r[4]) for r in per_rank]
+        if cfg.guards.enabled:
+            self._check_nonfinite(per_rank, step)
+        finite = [r for r in per_rank if r[2] == 0]  # a skipped batch's loss is left out of the average
+        loss = sum(r[0] for r in finite) / max(1, sum(r[5] for r in finite)) if finite else float("nan")
+        ranks = [(r[6], r[7]) for r in per_rank]
         times = [t for t, _ in ranks]
         mean_time = sum(times) / len(times)
         totals.samples += samples
@@ -417,6 +516,8 @@ class Trainer:
             totals.wait_s[r] += w
         self.loss_history.append((step, loss))
         self.lr_history.append((step, lr))
+        if cfg.guards.enabled:
+            self._check_health(per_rank, step, loss, steps)
         if not info.is_main:
             return
         sps = samples / max(1e-12, mean_time)
@@ -427,16 +528,76 @@ class Trainer:
                 elapsed_s=time.perf_counter() - self.t_start))
         if step % cfg.telemetry.every_steps == 0 or step == self.total_steps:
             gpu = {}
-            if all(r[5] >= 0 and r[6] > 0 for r in per_rank):  # CUDA events, an interval behind
-                gpu = {"per_rank_gpu_step_time_s": [r[5] / r[6] for r in per_rank], "gpu_time_upto_step": gpu_upto}
-            clip = {"grad_norm": per_rank[0][1]} if cfg.train.grad_clip_norm is not None else {}
+            if all(r[8] >= 0 and r[9] > 0 for r in per_rank):  # CUDA events, an interval behind
+                gpu = {"per_rank_gpu_step_time_s": [r[8] / r[9] for r in per_rank], "gpu_time_upto_step": gpu_upto}
+            if all(r[11] >= 0 for r in per_rank):
+                gpu["per_rank_gpu_temperature_c"] = [r[11] for r in per_rank]
             self.reporter.custom({
                 "kind": "telemetry", "step": step, "epoch": epoch + 1, "loss": loss, "lr": lr,
-                "samples_per_second": sps,
+                "samples_per_second": sps, "grad_norm": per_rank[0][1],
                 "data_wait_share": sum(w for _, w in ranks) / max(1e-12, sum(times)),
                 "per_rank_step_time_s": [t / max(1, steps) for t in times],
+                "per_rank_compute_time_s": [r[10] / max(1, r[5]) for r in per_rank],
                 "per_rank_data_wait_share": [w / max(1e-12, t) for t, w in ranks],
-                **gpu, **clip, **self.stats.sample()})
+                **gpu, **sample})
+
+    # ------------------------------------------------------------ guards
+    def _check_nonfinite(self, per_rank: list[list[float]], step: int) -> None:
+        g = self.cfg.guards
+        counts = [r[2] for r in per_rank]
+        if not any(counts):
+            return
+        first = [r[3] if r[3] >= 0 else float("inf") for r in per_rank]
+        found = guards.nonfinite_detection(counts, first, [r[4] for r in per_rank], self.places,
+                                           skipped_before=self.nonfinite_skipped,
+                                           skip_limit=g.nonfinite_skip_batches, checkpoint_dir=self.cfg.checkpoint.dir)
+        self.nonfinite_skipped += int(max(counts))
+        self._detect(found, force=True)
+        if found.severity == "error":
+            raise NonFiniteLoss(found.message)
+
+    def _check_health(self, per_rank: list[list[float]], step: int, loss: float, steps: int) -> None:
+        g, t = self.cfg.guards, self.cfg.train
+        if math.isfinite(loss):
+            self._detect(guards.loss_spike_detection(step, loss, list(self.recent_losses), g.loss_spike_factor))
+            self.recent_losses.append(loss)
+        self.compute_window.add([r[10] for r in per_rank], steps)
+        if len(self.compute_window.entries) == self.compute_window.entries.maxlen:
+            self._detect(guards.straggler_detection(step, self.compute_window.mean_per_step(), self.places,
+                                                    factor=g.straggler_factor, min_excess_s=g.straggler_min_excess_s))
+        if g.data_stall_share is not None:
+            shares = [r[7] / max(1e-12, r[6]) for r in per_rank]
+            self._detect(guards.data_stall_detection(step, shares, self.places, threshold=g.data_stall_share,
+                                                     loader_threads=t.num_workers,
+                                                     prefetch_batches=t.prefetch_batches))
+        if any(r[11] >= 0 or r[12] for r in per_rank):
+            slowdowns = [[name for i, name in enumerate(guards.HARMFUL_SLOWDOWNS) if int(r[12]) >> i & 1]
+                         for r in per_rank]
+            for found in guards.gpu_health_detections(step, [r[11] for r in per_rank], slowdowns, self.places,
+                                                      max_temperature_c=g.gpu_max_temperature_c):
+                self._detect(found)
+
+    def _detect(self, found: Detection | None, *, force: bool = False) -> None:
+        """Record a detection (all ranks, so checkpoints hold them) and report it (rank 0). A
+        warning about the same detector and rank repeats at most every repeat_after_intervals."""
+        if found is None:
+            return
+        key = (found.detector, found.rank)
+        every = self.cfg.guards.repeat_after_intervals * self.cfg.telemetry.every_steps
+        last = self.last_warned.get(key)
+        if not force and last is not None and found.step - last < every:
+            return
+        self.last_warned[key] = found.step
+        self.detections.append(found.to_dict())
+        if self.info.is_main:
+            # The orchestrator logs it at its severity as it arrives; stderr (and the rank's log file) too.
+            self.reporter.custom({"kind": "detection", **found.to_dict()})
+            log.warning("guard %s (%s) at step %d: %s", found.detector, found.severity, found.step, found.message)
+
+    def _report_hang(self, found: Detection) -> None:
+        """Called by the watchdog's thread before the process exits."""
+        if self.info.is_main:
+            self.reporter.custom({"kind": "detection", **found.to_dict()})
 
     def _metrics(self, step: int, attempt_steps: int, resumed: int | None) -> dict[str, Any]:
         info, cfg, t = self.info, self.cfg, self.totals
@@ -463,6 +624,8 @@ class Trainer:
             "restart_count": self.restart_count,
             "commit_id": cfg.data.commit_id,
             "task": self.task.name,
+            "detections": self.detections,
+            "nonfinite_skipped": self.nonfinite_skipped,
             **self._validation_figures(),
         }
 

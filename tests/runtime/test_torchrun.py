@@ -66,6 +66,7 @@ def test_outputs_metrics_and_evaluation(baseline, problem):
         assert key in m, key
     assert m["steps"] == TOTAL_STEPS and m["epochs"] == 2 and m["world_size"] == 2
     assert m["backend"] == "gloo" and m["resumed_from_step"] is None
+    assert m["detections"] == [] and m["nonfinite_skipped"] == 0  # a clean run raises no false alarm
     assert len(m["per_rank_step_time_s"]) == 2 and 0 <= m["data_wait_share"] <= 1
     assert m["loss_history"][-1][0] == TOTAL_STEPS
     assert m["loss_history"][-1][1] < m["loss_history"][0][1]  # it learns
