@@ -29,6 +29,7 @@ from ops.evaluation import build_evaluation_op
 from ops.published_dataset import build_published_dataset_op, build_trained_dataset_op
 from ops.runs import TRANSIENT_RETRY, commit_metadata, commit_or_head, ensure_run_branch
 from ops.training import build_training_op
+from ops.training_health import build_training_health_check
 from resources.platform import PlatformSettings, VersionedStoreResource
 from resources.store.base import MAIN, RefNotFoundError
 
@@ -54,6 +55,11 @@ def build_pipeline_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     dataset pipeline only its data."""
     data = [] if spec.dataset else _data_assets(spec)
     return data + (_model_assets(spec) if spec.trains else [])
+
+
+def build_pipeline_checks(spec: PipelineSpec) -> list[dg.AssetChecksDefinition]:
+    """Checks defined apart from their asset: the checkpoint's non-blocking training health."""
+    return [build_training_health_check(pipeline_asset_keys(spec)["checkpoint"])] if spec.trains else []
 
 
 def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:

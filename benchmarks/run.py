@@ -43,7 +43,7 @@ SIZES = {
              "image_folder": 4096},  # 8c's JPEGs; 8d ingests 1/16, 1/4 and all of them
 }
 BENCHMARKS = ("loaders", "stall", "preprocess", "checkpoint", "scaling", "overhead", "growth", "image_preprocess",
-              "image_memory")
+              "image_memory", "guards")
 EXTRA = ("gather", "image_loader", "token_loader")  # run only when named with --only
 IMAGE_PEERS = ("streaming", "webdataset")
 PEERS = ("streaming", "webdataset", "pandas")
@@ -361,6 +361,32 @@ def bench_scaling(ctx: Ctx) -> dict:
             "independent_efficiency": sps["2_independent"] / (2 * sps["1"]), "runs": runs}
 
 
+# ---------------------------------------------------------------- 5b. telemetry and guards
+def bench_guards(ctx: Ctx) -> dict:
+    """The same 2-rank training with telemetry and guards on (the defaults: telemetry every 10 steps,
+    every guard, the hang watchdog) and off (guards.enabled false, telemetry every 10^6 steps),
+    alternated side by side; the figure is the ratio of their step times."""
+    from benchmarks import datagen, training
+
+    data = ctx.data / f"train_256_{ctx.size}"
+    man = datagen.shard_dataset(data, rows=ctx.p["scale_rows"], dim=256, samples_per_shard=4096)
+    per_rank, nproc = 256, 2
+    runs: dict[str, list[float]] = {"on": [], "off": []}
+    with tempfile.TemporaryDirectory(dir=ctx.data, prefix="guards-") as tmp:
+        for rep in range(ctx.p["reps"]):
+            for which in rotate(list(runs), rep):
+                cfg = training.runtime_config(data, man, Path(tmp) / which, global_batch=per_rank * nproc,
+                                              max_steps=ctx.p["scale_steps"])
+                if which == "off":
+                    cfg["guards"] = {"enabled": False}
+                    cfg["telemetry"] = {"every_steps": 10**6, "tensorboard": False}
+                m = training.torchrun(cfg, Path(tmp) / which, nproc, timeout=ctx.p["timeout"])
+                runs[which].append(max(m["per_rank_step_time_s"]))
+    step = {k: median(v) for k, v in runs.items()}
+    return {"model": training.MODEL, "per_rank_batch": per_rank, "ranks": nproc, "median_step_s": step,
+            "cost": step["on"] / step["off"] - 1.0, "runs": runs}
+
+
 # ---------------------------------------------------------------- 6. platform overhead
 def bench_overhead(ctx: Ctx) -> dict:
     from benchmarks import datagen
@@ -432,6 +458,7 @@ def bench_growth(ctx: Ctx) -> dict:
 
 RUNNERS = {"loaders": bench_loaders, "gather": bench_gather, "stall": bench_stall, "preprocess": bench_preprocess,
            "checkpoint": bench_checkpoint, "scaling": bench_scaling, "overhead": bench_overhead,
+           "guards": bench_guards,
            "growth": bench_growth, "image_loader": bench_image_loader, "token_loader": bench_token_loader,
            "image_preprocess": bench_image_preprocess, "image_memory": bench_image_memory}
 
@@ -561,6 +588,12 @@ def table(results: dict) -> str:
             f"the cores' own ceiling, two independent 1-rank runs at once: "
             f"{_f(m.get('2_independent'), '{:,.0f}')}/s (efficiency {_f(s.get('independent_efficiency'))})",
             "≥ 0.85", s["efficiency"] >= 0.85)
+    if "guards" in b and "error" not in b["guards"]:
+        s = b["guards"]
+        add("5b. telemetry and guards, on vs off (2 gloo ranks, MLP 256→1024→1024→10, 256/rank)",
+            f"{s['cost']:+.1%} step time", f"step {s['median_step_s']['on'] * 1000:.2f} ms on, "
+            f"{s['median_step_s']['off'] * 1000:.2f} ms off (median of {len(s['runs']['on'])} runs each, alternated)",
+            "≤ +1%", s["cost"] <= 0.01)
     if "overhead" in b and "error" not in b["overhead"]:
         s = b["overhead"]
         add(f"6. platform overhead ({s['epochs']} epochs, {s['source_bytes'] / 2**20:.0f} MB CSV)",

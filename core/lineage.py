@@ -31,6 +31,10 @@ def build_lineage_record(
             "sha256": checkpoint["weights_sha256"],
             "store_path": checkpoint["weights_path"],
             "commit": checkpoint["commit_id"],
+            # The run's TensorBoard event files beside the weights (ops/tensorboard_events.py);
+            # None for runs that wrote none.
+            "tensorboard_path": checkpoint.get("tensorboard_path"),
+            "tensorboard_uri": checkpoint.get("tensorboard_uri"),
         },
         "data": {
             **store_facts,
@@ -50,6 +54,8 @@ def build_lineage_record(
             "seed": train.get("seed"),
             "world_size": resolved_config.get("world_size", metrics.get("world_size")),
             "backend": resolved_config.get("backend", metrics.get("backend")),
+            # The artifact folder of every rank's output (ops/rank_logs.py); older checkpoints have none.
+            "logs": checkpoint.get("logs_uri"),
         },
         "task": resolved_config.get("task", "classification"),
         "training_figures": {k: metrics.get(k) for k in
@@ -110,11 +116,14 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
         LineageRow("raw commit", commit("raw_commit")),
         LineageRow("shards commit", commit("shards_commit")),
         LineageRow("weights commit", record["checkpoint"]["commit"]),
+        *([LineageRow("tensorboard", record["checkpoint"]["tensorboard_uri"])]
+          if record["checkpoint"].get("tensorboard_uri") else []),
         LineageRow("code", f"git {record['code'].get('git_sha')} dirty={record['code'].get('dirty')}"),
         LineageRow("environment", f"python {record['environment']['python']}, torch {record['environment']['torch']}"),
         LineageRow("training", f"model={training['config'].get('model', {}).get('name')} seed={training['seed']} "
                                f"world_size={training['world_size']} backend={training['backend']}"),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
+        *([LineageRow("training logs", training["logs"], url=training["logs"])] if training.get("logs") else []),
         LineageRow("task", record.get("task", "classification")),
         *([LineageRow("best checkpoint", f"weights of step {figures['weights_from_step']} (best validation "
                                           f"{figures.get('monitor')} {figures.get('best_value'):.4f}; "

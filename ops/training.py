@@ -16,7 +16,9 @@ import dagster as dg
 from core.pinned_shards import read_pinned_shards
 from core.spec import PipelineSpec
 from ops import training_config as training
+from ops.rank_logs import KeptLogs, keep_rank_logs
 from ops.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
+from ops.tensorboard_events import upload_event_files
 from resources.gpu_pool import gpu_units
 from resources.launch.base import TrainingLauncher
 from resources.platform import (
@@ -39,6 +41,7 @@ class TrainingResult:
     resolved_config: dict
     weights_sha256: str
     telemetry: list[dict] = field(default_factory=list)
+    logs: KeptLogs | None = None  # every rank's (or pod's) log files in the artifact store
 
     def metadata(self, model: str) -> dict:
         figures = training.training_figures(self.metrics)
@@ -57,12 +60,14 @@ class TrainingResult:
         if self.telemetry:
             last = self.telemetry[-1]
             meta["last_telemetry"] = dg.MetadataValue.json(last)
+        if self.logs:
+            meta.update(self.logs.metadata())
         return meta
 
 
 def run_distributed_training(
     context: dg.AssetExecutionContext, spec: PipelineSpec, shards: dict, store: VersionedStore,
-    launcher: TrainingLauncher, work_dir: Path,
+    launcher: TrainingLauncher, work_dir: Path, artifacts=None,
 ) -> TrainingResult:
     """Train on the shards at their pinned commit; resumes from ``work_dir``'s checkpoints."""
     pinned = read_pinned_shards(store, shards["commit_id"], shards["manifest_path"])
@@ -74,7 +79,10 @@ def run_distributed_training(
     job = training.training_job(spec, context.run_id, config)
     context.log.info(f"Launching {job.nnodes}x{job.nproc_per_node} training workers for {spec.name} "
                      f"on shards commit {shards['commit_id'][:12]}")
-    invocation = launcher.launch(context, job)
+    try:
+        invocation = launcher.launch(context, job)
+    finally:  # every rank's logs are kept, a failed training's above all
+        logs = keep_rank_logs(context, artifacts, launcher, job) if artifacts is not None else None
     telemetry = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == "telemetry"]
     metrics_file = output_dir / "metrics.json"
     if not metrics_file.exists():
@@ -83,6 +91,7 @@ def run_distributed_training(
     if not weights.exists():
         raise dg.Failure(description=f"training finished without writing {weights}; see the run's logs")
     return TrainingResult(
+        logs=logs,
         output_dir=output_dir,
         metrics=json.loads(metrics_file.read_text()),
         resolved_config=json.loads((output_dir / "resolved_config.json").read_text()),
@@ -140,7 +149,7 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
         with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), spec.gpus,
                        log=context.log):
             result = run_distributed_training(context, spec, shards, s, launcher.get(),
-                                              platform.checkpoints_root / name / root_run_id(context))
+                                              platform.checkpoints_root / name / root_run_id(context), artifacts.get())
         folder = f"models/{name}/checkpoints/{context.run_id}/"
         weights_path = folder + WEIGHTS_FILE
         weights_uri = artifacts.get().put_file(result.output_dir / WEIGHTS_FILE, weights_path)
@@ -148,11 +157,14 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
             s.put_file(branch, folder + file, result.output_dir / file)
         commit_id = commit_or_head(s, branch, f"Train {name}", commit_metadata(
             context, platform.run_url(context.run_id), shards_commit=shards["commit_id"], dataset=shards["dataset"]))
+        # TensorBoard event files beside the weights; their location travels on to the lineage record.
+        events = upload_event_files(artifacts.get(), result.resolved_config, folder)
         value = {"commit_id": commit_id, "weights_path": weights_path, "weights_uri": weights_uri,
                  "weights_sha256": result.weights_sha256, "shards_commit": shards["commit_id"],
-                 "dataset_version": shards.get("dataset_version")}
+                 "dataset_version": shards.get("dataset_version"), **events,
+                 "logs_uri": result.logs.uri if result.logs else None}
         return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri,
-            "dataset": shards["dataset"], "shards_commit": shards["commit_id"]})
+            "dataset": shards["dataset"], "shards_commit": shards["commit_id"], **events})
 
     return distributed_training

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import dagster as dg
 
-from assets.pipeline import build_pipeline_assets, pipeline_asset_keys, published_dataset_specs
+from assets.pipeline import build_pipeline_assets, build_pipeline_checks, pipeline_asset_keys, published_dataset_specs
 from core.spec import PipelineDefinitionError, PipelineSpec, resolve_shared
 from pipelines.automation import build_new_data_sensor, build_schedule, run_tags
 from pipelines.profiles import Profile
@@ -45,15 +45,16 @@ def pipeline_definitions(specs: list[PipelineSpec], owners: list[PipelineSpec] =
     shared datasets."""
     mine = {s.name for s in specs}
     specs = resolve_shared([*owners, *specs])
-    assets, jobs, schedules, sensors = [], [], [], []
+    assets, checks, jobs, schedules, sensors = [], [], [], [], []
     for spec in [s for s in specs if s.name in mine]:
         job = training_job(spec, specs)
         assets.extend(build_pipeline_assets(spec))
+        checks.extend(build_pipeline_checks(spec))
         assets.extend(a for a in published_dataset_specs(spec) if a.key not in {x.key for x in assets})
         jobs.append(job)
         schedules += [d for d in [build_schedule(spec, job, specs)] if d]
         sensors += [d for d in [build_new_data_sensor(spec, job, specs)] if d]
-    return dg.Definitions(assets=assets, jobs=jobs, schedules=schedules, sensors=sensors)
+    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, schedules=schedules, sensors=sensors)
 
 
 def location_definitions(location: str, pipelines: Sequence[PipelineSpec], profile: Profile) -> dg.Definitions:

@@ -1,7 +1,7 @@
 """``python -m pipelines``: run the demo and question model versions from the command line.
 
-``parser`` declares the commands; ``inspection``, ``annotation``, ``reproduce`` and ``demo`` run
-them; ``render`` writes their text, ``compare`` finds what differs between versions and
+``parser`` declares the commands; ``inspection``, ``annotation``, ``reproduce``, ``tensorboard`` and
+``demo`` run them; ``render`` writes their text, ``compare`` finds what differs between versions and
 ``instance`` reports to the Dagster instance.
 """
 

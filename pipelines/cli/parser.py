@@ -25,6 +25,7 @@ from pipelines.cli.platform_care import (
 )
 from pipelines.cli.predict import predict_command
 from pipelines.cli.reproduce import reproduce_command
+from pipelines.cli.tensorboard import DEFAULT_PORT, port_number, tensorboard_command
 
 
 def version_number(text: str) -> int:
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines",
         description="Run the demo and question model versions: their lineage, differences, reproduction, "
-                    "comments and the production alias; predict with a version; list dataset versions; check the "
+                    "comments and the production alias; predict with a version; see versions' training curves in "
+                    "TensorBoard; list dataset versions; check the "
                     "workspace; clean the store. The platform is the one at DAGSTER_HOME.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -103,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Sampling temperature of a language model (default 1.0).")
     p.add_argument("--top-k", type=int, default=None, help="Sample among the k likeliest tokens (default: all).")
     p.add_argument("--json", action="store_true", help="Print the predictions as JSON.")
+
+    p = command("tensorboard", "Show a model's versions side by side in TensorBoard: copy each version's event files "
+                               "from the artifact store into a log directory (one run per version, v1, v2, ...) and "
+                               "serve it.", tensorboard_command)
+    model_arg(p)
+    p.add_argument("--versions", nargs="+", type=version_number, default=None, metavar="VERSION",
+                   help="Only these versions, e.g. 1 3 (default: all).")
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"Port to serve on (default {DEFAULT_PORT}).")
+    p.add_argument("--host", default="127.0.0.1", help="Address to serve on (default 127.0.0.1; 0.0.0.0 for all).")
+    p.add_argument("--logdir", default=None,
+                   help="Where to put the event files (default: <data root>/tensorboard/<model>).")
+    p.add_argument("--no-serve", "--logdir-only", dest="no_serve", action="store_true",
+                   help="Only prepare the log directory and print where it is.")
 
     p = command("comment", "Record a note on a version: in the store, in `lineage` and in the asset's history in "
                            "the Dagster UI.", comment_command)

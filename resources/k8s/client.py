@@ -63,12 +63,16 @@ class TrainingJobClient:
             raise
 
     @contextmanager
-    def launched(self, manifests: Sequence[dict[str, Any]]) -> Iterator[str]:
+    def launched(
+        self, manifests: Sequence[dict[str, Any]], *, before_delete: Callable[[str], None] | None = None
+    ) -> Iterator[str]:
         """Create the Job (then the Service, owned by it); always delete both on exit.
 
         Exiting covers success, failure, a raised timeout and a cancelled run (Dagster raises
         in the step process on termination), so nothing is left running; the Job's
-        ttlSecondsAfterFinished and the Service's owner reference cover a killed step pod."""
+        ttlSecondsAfterFinished and the Service's owner reference cover a killed step pod.
+        ``before_delete(job name)`` runs first on every exit, while the pods and their logs still
+        exist; the Job is deleted even when it raises."""
         job = manifests[0]
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         created = self.batch_api.create_namespaced_job(namespace, job)
@@ -89,7 +93,11 @@ class TrainingJobClient:
                 services.append(service["metadata"]["name"])
             yield name
         finally:
-            self.delete(name, namespace, services)
+            try:
+                if before_delete is not None:
+                    before_delete(name)
+            finally:
+                self.delete(name, namespace, services)
 
     def delete(self, name: str, namespace: str, services: Sequence[str] = ()) -> None:
         for service in services:
@@ -112,6 +120,40 @@ class TrainingJobClient:
         return list(
             self.core_api.list_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}").items
         )
+
+    def container_logs(self, name: str, namespace: str) -> dict[str, bytes]:
+        """Each pod's log of the Job, every container's, by ``<pod>/<container>.log``; a container
+        that restarted adds its previous run's as ``<pod>/<container>.previous.log``. Containers that
+        never started have none and are left out. Timestamped, as ``kubectl logs --timestamps``."""
+        logs: dict[str, bytes] = {}
+        for pod in self.pods(name, namespace):
+            status = pod.status
+            statuses = [*(status.init_container_statuses or []), *(status.container_statuses or [])] if status else []
+            for container in statuses:
+                runs = [("log", False)] + ([("previous.log", True)] if container.restart_count else [])
+                for suffix, previous in runs:
+                    text = self._container_log(pod.metadata.name, namespace, container.name, previous)
+                    if text is not None:
+                        logs[f"{pod.metadata.name}/{container.name}.{suffix}"] = text
+        return logs
+
+    def _container_log(self, pod: str, namespace: str, container: str, previous: bool) -> bytes | None:
+        try:
+            # Raw bytes: with preloaded content the client would decode, and turn a log that happens
+            # to be one JSON document into a Python dict's repr.
+            response = self.core_api.read_namespaced_pod_log(
+                pod, namespace, container=container, previous=previous, timestamps=True,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            # 400: the container is still waiting (or has no previous run); 404: the pod is gone.
+            if exc.status in (400, 404):
+                return None
+            raise
+        try:
+            return response.data
+        finally:
+            response.release_conn()
 
     def wait_started(self, name: str, namespace: str, nodes: int) -> list[V1Pod]:
         """Block until every pod of the Job has left Pending; raise with the scheduler's reason

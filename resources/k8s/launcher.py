@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import dagster as dg
 from dagster import PipesEnvContextInjector, open_pipes_session
@@ -34,6 +34,12 @@ from resources.k8s.manifests import (
 )
 from resources.k8s.step_config import s3_secret_env
 from resources.launch.base import TrainingJob, TrainingLauncher
+from resources.launch.live_telemetry import ForwardsTrainingMessages
+from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
+
+
+class LivePodLogsMessageReader(ForwardsTrainingMessages, PipesK8sPodLogsMessageReader):
+    """Pod 0's log reader; telemetry and detections show in Dagster while the pods train."""
 
 
 def run_training_job(
@@ -55,7 +61,7 @@ def run_training_job(
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written through the step pod's mount of the same PVC the training pods mount.
     path.write_text(config_json(job.config))
-    reader = PipesK8sPodLogsMessageReader()
+    reader = LivePodLogsMessageReader(context=context)
     namespace = settings.namespace
     with open_pipes_session(
         context=context,
@@ -64,7 +70,8 @@ def run_training_job(
         extras={"training_job": job.name, "nnodes": job.nnodes},
     ) as session:
         manifests = build_manifests(job, settings, session.get_bootstrap_env_vars())
-        with client.launched(manifests) as name:
+        keep_logs = pod_log_keeper(context, client, namespace, pod_log_root(job, settings))
+        with client.launched(manifests, before_delete=keep_logs) as name:
             context.log.info(
                 f"launched Job {namespace}/{name}: {job.nnodes} pod(s) x "
                 f"{job.nproc_per_node} process(es)"
@@ -81,6 +88,42 @@ def run_training_job(
             )
             client.wait_finished(name, namespace)
     return dg.PipesClientCompletedInvocation(session)
+
+
+def pod_log_root(job: TrainingJob, settings: PodSettings) -> Path:
+    """Where the step keeps a Job's pod logs: beside the launch's config, on the shared volume that
+    the step pod mounts at the same path as the training pods."""
+    return Path(config_path(job, settings)).parent / WORKER_LOG_DIR
+
+
+def pod_log_keeper(
+    context: dg.AssetExecutionContext | dg.OpExecutionContext,
+    client: TrainingJobClient,
+    namespace: str,
+    root: Path,
+) -> Callable[[str], None]:
+    """What `client.launched` runs before it deletes the Job: every pod's log (all containers, a
+    restarted one's previous run too) into the next `root/launch_<k>/<pod>/<container>.log`. The
+    pod logs die with the pods, and pod 0's is the only one the Pipes reader streams."""
+
+    def keep(name: str) -> None:
+        try:
+            logs = client.container_logs(name, namespace)
+            if not logs:
+                context.log.info(f"Job {namespace}/{name} left no container logs (no container started)")
+                return
+            launch_dir = new_launch_dir(root)
+            for relative, data in logs.items():
+                path = launch_dir / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+        except Exception as exc:
+            # The logs are evidence: failing to keep them must not mask the launch's own outcome.
+            context.log.warning(f"could not keep the pod logs of Job {namespace}/{name}: {exc!r}")
+            return
+        context.log.info(f"kept {len(logs)} container log(s) of Job {namespace}/{name} in {launch_dir}")
+
+    return keep
 
 
 class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
@@ -183,6 +226,9 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
             poll_interval_s=self.poll_interval_s,
             pending_timeout_s=self.pending_timeout_s,
         )
+
+    def log_dir(self, job: TrainingJob) -> Path:
+        return pod_log_root(job, self.pod_settings())
 
     def launch(
         self, context: dg.AssetExecutionContext | dg.OpExecutionContext, job: TrainingJob

@@ -8,6 +8,7 @@ import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -143,3 +144,9 @@ class TrainingLauncher(ABC):
         self, context: dg.AssetExecutionContext | dg.OpExecutionContext, job: TrainingJob
     ) -> dg.PipesClientCompletedInvocation:
         """Run the job to completion, forwarding Pipes messages; raise on failure."""
+
+    def log_dir(self, job: TrainingJob) -> Path | None:
+        """Where this launcher keeps the job's worker output, one ``launch_<k>`` folder per launch
+        (layout in rank_logs.py), readable from the process that launched it once ``launch``
+        returns or raises; None when it keeps none."""
+        return None

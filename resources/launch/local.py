@@ -12,14 +12,18 @@ import dagster as dg
 
 from resources.launch.base import TrainingJob, TrainingLauncher
 from resources.launch.devices import cuda_device_count, host_devices, reserve_devices, visible_devices_env
+from resources.launch.live_telemetry import LiveTempFileMessageReader
+from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
 
 # Per-GPU lock files of the local launches, under the launcher's work root (see devices.py).
 DEVICE_LOCK_DIR = ".gpu-locks"
 
 
-def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.executable) -> list[str]:
+def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.executable, *,
+                     log_dir: Path | None = None) -> list[str]:
     """The torchrun command line for one node, under the supervisor (see supervise.py);
-    --standalone picks a free rendezvous port."""
+    --standalone picks a free rendezvous port. With ``log_dir``, every rank's output is also kept
+    there (see ``rank_log_options``)."""
     if job.nnodes != 1:
         raise ValueError(
             f"the local launcher runs one node, but the job asks for nnodes={job.nnodes}; "
@@ -33,9 +37,21 @@ def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.exec
         "--nnodes=1",
         f"--nproc-per-node={job.nproc_per_node}",
         f"--max-restarts={job.max_restarts}",
+        *rank_log_options(log_dir),
         "-m", "training_runtime",
         "--config", str(config_path),
     ]
+
+
+def rank_log_options(log_dir: Path | None) -> list[str]:
+    """torchrun options that keep each rank's stdout and stderr in files of their own under
+    ``log_dir`` (one folder per restart attempt, all kept; layout in rank_logs.py).
+
+    --tee implies --redirects: each worker writes to its files and torchrun copies every line to its
+    own console, prefixed "[default<rank>]:", so the run's compute log still shows every rank.
+    Dagster Pipes messages travel through PipesSubprocessClient's message file, not the console,
+    so the redirection does not touch them."""
+    return [] if log_dir is None else [f"--log-dir={log_dir}", "--tee=3"]
 
 
 def worker_env(job: TrainingJob, devices: Sequence[str], *, extra_env: Mapping[str, str] | None = None,
@@ -49,6 +65,9 @@ def worker_env(job: TrainingJob, devices: Sequence[str], *, extra_env: Mapping[s
         "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[2]),
                                                   environ.get("PYTHONPATH", "")] if p),
         "OMP_NUM_THREADS": str(max(1, cpus // max(1, job.nproc_per_node))),
+        # A worker's stdout is a file under --tee, which Python would block-buffer: lines would
+        # reach the console (and the file) kilobytes late, or never when the worker is killed.
+        "PYTHONUNBUFFERED": "1",
         **(extra_env or {}),
         **job.env,
         # Last, so nothing above can point two runs at the same GPU.
@@ -76,6 +95,9 @@ class LocalTorchrunLauncher(TrainingLauncher):
         count = cuda_device_count() if self.device_count is None else self.device_count
         return host_devices(count, os.environ)
 
+    def log_dir(self, job: TrainingJob) -> Path:
+        return self.work_root / job.name / WORKER_LOG_DIR
+
     def launch(self, context, job: TrainingJob) -> dg.PipesClientCompletedInvocation:
         job_dir = self.work_root / job.name
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -88,5 +110,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
             if devices:
                 context.log.info(f"{job.name} trains on GPU(s) {', '.join(devices)} of this machine")
             env = worker_env(job, devices, extra_env=self.extra_env)
-            client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir))
-            return client.run(context=context, command=torchrun_command(job, config_path, self.python))
+            client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir),
+                                              message_reader=LiveTempFileMessageReader(context=context))
+            command = torchrun_command(job, config_path, self.python, log_dir=new_launch_dir(self.log_dir(job)))
+            return client.run(context=context, command=command)

@@ -9,7 +9,10 @@ and the torchrun wiring run unchanged. What a kubelet and cluster DNS would do i
   - `$(VAR)` in the command is expanded from the container's env, as the kubelet does;
   - the pods' stable DNS names `<job>-<i>.<svc>.<ns>.svc.<domain>` resolve to 127.0.0.<i+1>
     (all of 127/8 is loopback, so each "pod" keeps an address of its own);
-  - logs are prefixed with RFC 3339 timestamps, as `kubectl logs --timestamps` returns them.
+  - logs are prefixed with RFC 3339 timestamps, as `kubectl logs --timestamps` returns them;
+    read whole (not followed) they come back as the raw response `_preload_content=False` gives,
+    and a pod's log is gone once its Job is deleted.
+A test stands in for a kubelet that restarted a container by setting `LocalPod.previous_log`.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
-from resources.k8s.manifests import INDEX_ANNOTATION
+from resources.k8s.manifests import INDEX_ANNOTATION, TRAINER_CONTAINER as CONTAINER
 
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -78,6 +81,7 @@ class LocalPod:
     proc: subprocess.Popen | None = None
     waiting: tuple[str, str] | None = None  # (reason, message) while it cannot start
     pump: threading.Thread | None = None
+    previous_log: bytes | None = None  # the container's run before a restart, if it had one
 
     @property
     def phase(self) -> str:
@@ -238,8 +242,8 @@ class LocalCluster:
                 message="\n".join(line.partition(" ")[2] for line in tail)))
         statuses = None
         if state is not None:
-            statuses = [V1ContainerStatus(name="trainer", image="local", image_id="", ready=phase == "Running",
-                                          restart_count=0, state=state)]
+            statuses = [V1ContainerStatus(name=CONTAINER, image="local", image_id="", ready=phase == "Running",
+                                          restart_count=0 if pod.previous_log is None else 1, state=state)]
         return V1Pod(
             metadata=V1ObjectMeta(name=pod.name, labels=pod.labels,
                                   annotations={INDEX_ANNOTATION: str(pod.index)}),
@@ -258,6 +262,32 @@ class LocalCluster:
             return V1JobStatus(succeeded=len(phases), conditions=[V1JobCondition(type="Complete", status="True")])
         return V1JobStatus(active=sum(p in ("Running", "Pending") for p in phases))
 
+    def _pod(self, pod_name: str) -> LocalPod:
+        for job in self.jobs.values():
+            for pod in job.pods:
+                if pod.name == pod_name:
+                    return pod
+        raise _not_found("pods", pod_name)  # never created, or deleted with its Job
+
+    def log_snapshot(self, pod_name: str, container: str, *, previous: bool, timestamps: bool) -> bytes:
+        """The log so far, as a non-following read returns it; errors as the API server's."""
+        pod = self._pod(pod_name)
+        if container != CONTAINER:
+            raise _bad_request(f"container {container} is not valid for pod {pod_name}")
+        if previous:
+            if pod.previous_log is None:
+                raise _bad_request(f'previous terminated container "{container}" in pod "{pod_name}" not found')
+            data = pod.previous_log
+        else:
+            if pod.proc is None:
+                raise _bad_request(f'container "{container}" in pod "{pod_name}" is waiting to start')
+            if pod.phase != "Running" and pod.pump:
+                pod.pump.join(timeout=10)  # the exited container's last lines
+            data = pod.log_path.read_bytes() if pod.log_path.exists() else b""
+        if timestamps:
+            return data
+        return b"".join(line.partition(b" ")[2] for line in data.splitlines(keepends=True))
+
     def log_stream(self, pod_name: str) -> Iterator[bytes]:
         pod = next(p for j in self.jobs.values() for p in j.pods if p.name == pod_name)
         while not pod.log_path.exists():
@@ -274,6 +304,23 @@ class LocalCluster:
                         yield rest
                     return
                 time.sleep(0.05)
+
+
+def _bad_request(message: str) -> ApiException:
+    exc = ApiException(status=400, reason="Bad Request")
+    exc.body = message
+    return exc
+
+
+class _LogResponse:
+    """The raw HTTP response `read_namespaced_pod_log(..., _preload_content=False)` returns."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.released = False
+
+    def release_conn(self) -> None:
+        self.released = True
 
 
 def _not_found(kind: str, name: str) -> ApiException:
@@ -350,6 +397,12 @@ class _CoreApi:
     def list_node(self) -> V1NodeList:
         return V1NodeList(items=self.c.nodes)
 
-    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Iterator[bytes]:
-        assert kwargs.get("follow") and kwargs.get("timestamps"), kwargs
-        return self.c.log_stream(name)
+    def read_namespaced_pod_log(self, name: str, namespace: str, **kwargs: Any) -> Iterator[bytes] | _LogResponse:
+        if kwargs.get("follow"):
+            assert kwargs.get("timestamps"), kwargs
+            return self.c.log_stream(name)
+        # Preloaded content would be decoded (and a JSON-looking log parsed) by the real client.
+        assert kwargs.get("_preload_content") is False, kwargs
+        return _LogResponse(self.c.log_snapshot(
+            name, kwargs.get("container") or CONTAINER, previous=bool(kwargs.get("previous")),
+            timestamps=bool(kwargs.get("timestamps"))))

@@ -51,8 +51,10 @@ def test_training_image_installs_exactly_the_runtime_dependencies():
     installed = pip_requirements(dockerfile)
     assert wanted <= installed, f"missing from the training image: {sorted(wanted - installed)}"
     assert "dagster" not in installed  # dagster-pipes only: the runtime never imports dagster
-    # onnx: torch.onnx.export imports it itself, so no runtime module names it
-    assert installed <= wanted | {"torch", "numpy", "boto3", "psutil", "nvidia-ml-py", "dagster-pipes", "onnx"}
+    # onnx: torch.onnx.export imports it itself, so no runtime module names it; likewise tensorboard,
+    # which torch.utils.tensorboard's SummaryWriter imports
+    assert installed <= wanted | {"torch", "numpy", "boto3", "psutil", "nvidia-ml-py", "dagster-pipes", "onnx",
+                                  "tensorboard"}
 
 
 def test_training_image_takes_its_cuda_base_as_a_build_argument():

@@ -141,7 +141,7 @@ class _RecordingClient:
 
     runs: list[dict] = []
 
-    def __init__(self, env, cwd):
+    def __init__(self, env, cwd, message_reader=None):
         self.env = env
 
     def run(self, *, context, command):

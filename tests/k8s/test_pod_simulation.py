@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from resources.k8s.client import TrainingJobClient
 from resources.k8s.feasibility import InfeasibleGpuRequest, PodStuckPending
-from resources.k8s.launcher import run_training_job
+from resources.k8s.launcher import pod_log_root, run_training_job
 from resources.k8s.manifests import PodSettings
 from resources.k8s.step_config import s3_secret_env
 from resources.launch.base import GpuRequest, TrainingJob
@@ -92,6 +92,11 @@ def test_two_pod_indexed_job_trains_with_gloo_and_reports_through_pipes(tmp_path
     # Rank 0 (in pod 0) reported through Pipes; the launcher got its final figures.
     finals = [m for m in outcome["messages"] if m.get("kind") == "final"]
     assert len(finals) == 1 and finals[0]["world_size"] == 2
+    # Each telemetry message also became an observation of the asset as it came (live_telemetry.py).
+    telemetry = [m["step"] for m in outcome["messages"] if m.get("kind") == "telemetry"]
+    observed = [e.asset_observation_data.asset_observation.metadata["step"].value
+                for e in result.get_asset_observation_events()]
+    assert telemetry and observed == telemetry
     # Outputs landed on the shared volume where the step reads them.
     out = Path(job.config["output_dir"])
     metrics = json.loads((out / "metrics.json").read_text())
@@ -109,6 +114,12 @@ def test_two_pod_indexed_job_trains_with_gloo_and_reports_through_pipes(tmp_path
     # Only pod 0 carries Pipes messages; pod 1 trains silently.
     assert "__dagster_pipes_version" in pod0_log
     assert "__dagster_pipes_version" not in pod1_log
+    # Both pods' logs were kept on the shared volume before the Job was deleted, pod 1's too.
+    kept = {p.parent.name.rsplit("-", 1)[0]: p.read_text()
+            for p in (pod_log_root(job, settings) / "launch_0").glob("*/trainer.log")}
+    assert sorted(kept) == ["digits-sim-0", "digits-sim-1"]
+    assert "__dagster_pipes_version" in kept["digits-sim-0"] and "[rank1]" not in kept["digits-sim-0"]
+    assert kept["digits-sim-1"] == pod1_log
 
     # The launchers cannot drift apart: the same job through the local launcher (one node,
     # two processes under PipesSubprocessClient) reports alike and trains the same model.
@@ -149,6 +160,9 @@ def test_a_failing_pod_fails_the_launch_and_cleans_up(tmp_path):
     assert "train.optimizer" in text
     assert cluster.calls == ["create Job digits-sim", "delete Job digits-sim"]
     assert not cluster.jobs
+    # The failed pod's whole log was kept before the deletion, the runtime's error in it.
+    (kept,) = (pod_log_root(job, settings) / "launch_0").glob("digits-sim-0-*/trainer.log")
+    assert "train.optimizer" in kept.read_text()
 
 
 def test_infeasible_request_fails_before_anything_is_created(tmp_path):
@@ -173,6 +187,7 @@ def test_pod_pending_past_the_timeout_fails_with_the_schedulers_reason(tmp_path)
     assert PodStuckPending.__name__ in text
     assert "Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in text
     assert "event FailedScheduling" in text
+    assert not pod_log_root(job, settings).exists()  # no container started: no logs to keep
     # Nothing leaks: the Job is deleted and the Service is deleted explicitly.
     assert cluster.calls == ["create Job digits-sim", "create Service digits-sim",
                              "delete Service digits-sim", "delete Job digits-sim"]

@@ -55,7 +55,11 @@ def test_shared_shards_two_models_one_commit_and_a_second_dataset_beside(platfor
     shard_mats = [e for e in both.get_asset_materialization_events() if e.asset_key.path[-1] == "shards"]
     assert len(shard_mats) == 1  # one shards materialization feeds both models
     checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in both.get_asset_check_evaluations()}
-    assert checks == {("digits/raw_dataset", "raw_expectations"): True, ("digits/shards", "shard_expectations"): True}
+    # training_health warns with what the guards saw on this busy machine; only that it ran is asserted.
+    assert {k for k in checks if k[1] == "training_health"} == {("digits/checkpoint", "training_health"),
+                                                                 ("digits_cnn/checkpoint", "training_health")}
+    assert {k: v for k, v in checks.items() if k[1] != "training_health"} == {
+        ("digits/raw_dataset", "raw_expectations"): True, ("digits/shards", "shard_expectations"): True}
     shards_commit = store.get_commit(mlp["data"]["shards_commit"])
     assert json.loads(shards_commit.metadata["check_results"])["passed"] is True
 

@@ -1,0 +1,18 @@
+"""A training function for the rank-log tests (``train_fn = "tests.ops.rank_log_workers:..."``):
+each rank says who it is on its own stdout and stderr, then the attempt fails on both ranks."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from training_runtime.context import TrainingContext
+
+
+def introduce_then_fail(ctx: TrainingContext) -> None:
+    """Rank 1 raises; rank 0 returns without reporting, which the runtime refuses."""
+    rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
+    print(f"stdout line of rank {rank}, attempt {attempt}")
+    print(f"stderr line of rank {rank}, attempt {attempt}", file=sys.stderr)
+    if rank == 1:
+        raise RuntimeError(f"rank 1 fails on purpose in attempt {attempt}")
