@@ -243,6 +243,9 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp/gpu_check")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--only", choices=["guards"],
+                        help="guards: only the guards' cost (DDP bf16 with telemetry and guards on vs guards and "
+                             "TensorBoard off, alternated twice)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes on CPU (gloo): checks this script's plumbing on a machine without a GPU")
     args = parser.parse_args()
@@ -298,6 +301,29 @@ def main() -> int:
             "mfu_measured_peak": tokens * flops_token / (ranks * measured * 1e12),
             "data_wait_share": run["metrics"]["data_wait_share"], "wall_s": run["wall_s"]}
         return run
+
+    if args.only == "guards":
+        pairs: dict[str, list[float]] = {"on": [], "off": []}
+        for rep in range(2):
+            for which in ("on", "off") if rep == 0 else ("off", "on"):
+                extra = {} if which == "on" else {"guards": {"enabled": False}}
+                cfg = lm_config(root, f"guards_{which}_{rep}", data, model_kwargs=kw, batch=per_gpu_batch,
+                                steps=steps, precision="bf16")
+                cfg.update(extra)
+                if which == "off":
+                    cfg["telemetry"]["tensorboard"] = False
+                run = torchrun(root, f"guards_{which}_{rep}", cfg, nproc=1, timeout=300)
+                print(f"gpu_check: guards {which} {rep}: rc {run['returncode']}", file=sys.stderr, flush=True)
+                if run["returncode"] == 0:
+                    pairs[which].append(steady_samples_per_s(run))
+        results["guards_cost"] = {"samples_per_s": pairs, "ratio_on_vs_off":
+                                  statistics.median(pairs["on"]) / statistics.median(pairs["off"])
+                                  if pairs["on"] and pairs["off"] else None}
+        (root / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
+        if os.environ.get("OUT"):
+            shutil.copy(root / "gpu_check.json", Path(os.environ["OUT"]) / "gpu_check_guards.json")
+        print(json.dumps(results["guards_cost"]))
+        return 0
 
     ddp = throughput("ddp_bf16", 1, precision="bf16")
     throughput("fsdp_bf16", 1, sharding="fsdp", precision="bf16")
