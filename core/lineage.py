@@ -56,6 +56,9 @@ def build_lineage_record(
             "backend": resolved_config.get("backend", metrics.get("backend")),
             # The artifact folder of every rank's output (ops/rank_logs.py); older checkpoints have none.
             "logs": checkpoint.get("logs_uri"),
+            # What the runtime's guards detected (training_runtime/guards.py): NaN, spikes, stragglers ...
+            "detections": list(metrics.get("detections") or []),
+            "nonfinite_skipped": metrics.get("nonfinite_skipped", 0),
         },
         "task": resolved_config.get("task", "classification"),
         "training_figures": {k: metrics.get(k) for k in
@@ -95,6 +98,18 @@ def lineage_heading(record: dict) -> str:
     return f"{record['model']} v{record['version']}  (created {record['created_at']})"
 
 
+def detections_summary(detections: list[dict]) -> str:
+    """'3 detections: straggler x2 (rank 1), data_stall x1 (rank 0)' for the lineage's health row."""
+    counts: dict[str, list] = {}
+    for d in detections:
+        counts.setdefault(d["detector"], []).append(d.get("rank"))
+    parts = []
+    for detector, ranks in counts.items():
+        named = sorted({r for r in ranks if r is not None})
+        parts.append(f"{detector} x{len(ranks)}" + (f" (rank {', '.join(map(str, named))})" if named else ""))
+    return f"{len(detections)} detection(s): " + ", ".join(parts)
+
+
 def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None) -> list[LineageRow]:
     """The facts of ``record``, in the order both the CLI and the UI show them.
 
@@ -124,6 +139,8 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
                                f"world_size={training['world_size']} backend={training['backend']}"),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
         *([LineageRow("training logs", training["logs"], url=training["logs"])] if training.get("logs") else []),
+        *([LineageRow("training health", detections_summary(training["detections"]))]
+          if training.get("detections") else []),
         LineageRow("task", record.get("task", "classification")),
         *([LineageRow("best checkpoint", f"weights of step {figures['weights_from_step']} (best validation "
                                           f"{figures.get('monitor')} {figures.get('best_value'):.4f}; "

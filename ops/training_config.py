@@ -39,6 +39,8 @@ def runtime_config(
         "validation": {"enabled": "validation" in manifest["splits"], "every_steps": r.validate_every_steps,
                        "metric": r.monitor, "mode": r.monitor_mode, "patience": r.early_stopping_patience,
                        "keep_best": r.keep_best},
+        # The hang watchdog prints every rank's stack before the process group's own timeout aborts.
+        "guards": {"hang_timeout_s": min(300.0, r.collective_timeout_s / 2)},
         "checkpoint": {"dir": str(checkpoint_dir), "every_steps": r.checkpoint_every_steps,
                        "keep_last": r.keep_last_checkpoints, "async_save": r.async_checkpoint},
         "output_dir": str(output_dir),

@@ -102,7 +102,10 @@ def _newest_step(ckpts: Path) -> int:
     return max(steps, default=0)
 
 
-@pytest.mark.parametrize("case", range(repeats(10, 2)))
+# make test runs case 0 (S3 back at once); the odd cases (S3 down until the run has ended, 80 s
+# here) run with the full set in make reliability, beside the store outage that outlasts the
+# retries, which make test does run.
+@pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_s3_server_stopped_mid_run_then_restarted(tmp_path, monkeypatch, seaweed, ledger, case):
     """S3 stops during training, after a random checkpoint. Even cases: it restarts at once (a few
     seconds down, the weights upload may or may not fall in the gap). Odd cases: it stays down

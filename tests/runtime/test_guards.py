@@ -103,3 +103,28 @@ def test_bad_guard_settings_name_the_field(tmp_path, field, value, message):
     cfg["guards"] = {field: value}
     with pytest.raises(ConfigError, match=f"guards.{field}.*{message}"):
         RunConfig.from_dict(cfg)
+
+
+def test_the_lineage_lists_the_detections_and_summarises_them():
+    from core.lineage import build_lineage_record, lineage_rows
+
+    detections = [{"detector": "straggler", "severity": "warning", "step": 20, "rank": 1, "host": "b", "gpu": None,
+                   "message": "rank 1 is a straggler"},
+                  {"detector": "straggler", "severity": "warning", "step": 40, "rank": 1, "host": "b", "gpu": None,
+                   "message": "rank 1 is a straggler"},
+                  {"detector": "loss_spike", "severity": "warning", "step": 30, "rank": None, "host": None,
+                   "gpu": None, "message": "loss spike"}]
+
+    def record(metrics: dict) -> dict:
+        return build_lineage_record(
+            model="digits", version=1, checkpoint={"weights_uri": "s3://b/w", "weights_sha256": "0" * 64,
+                                                   "weights_path": "models/d/w", "commit_id": "c"},
+            raw={"commit_id": "r"}, shards={"dataset": "digits", "commit_id": "s", "manifest_path": "m.json"},
+            store_facts={}, resolved_config={"world_size": 2, "backend": "gloo"}, metrics=metrics,
+            evaluation={"test": {}}, gate={"passed": True}, run_id="r1", run_url="http://dagster/runs/r1")
+
+    flagged = record({"detections": detections, "nonfinite_skipped": 0})
+    assert flagged["training"]["detections"] == detections
+    rows = {row.field: row.value for row in lineage_rows(flagged)}
+    assert rows["training health"] == "3 detection(s): straggler x2 (rank 1), loss_spike x1"
+    assert "training health" not in {row.field for row in lineage_rows(record({}))}  # a clean run shows none

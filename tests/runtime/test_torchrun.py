@@ -184,6 +184,7 @@ def test_hsdp_with_deterministic_kernels_and_clipping_trains_like_ddp(baseline, 
     root, manifest, locations = problem
     cfg = make_config(root, manifest, locations, name="hsdp", sharding="hsdp",
                       deterministic=True, grad_clip_norm=1e6, collective_timeout_s=120.0)
+    cfg["guards"] = {"hang_timeout_s": 60.0}  # below the collective timeout, as config requires
     proc = torchrun(cfg, root / "hsdp.json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _metrics(cfg)["sharding"] == "hsdp"
