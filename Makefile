@@ -29,7 +29,7 @@ $(CHROMIUM):
 
 # Heavy tests (the benchmark harness's smoke runs) belong to `make bench`.
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest tests -q -m "not heavy"
+	$(PY) -m pytest tests -q -m "not heavy" --durations=30
 
 # Every benchmark at full size (12-25 minutes); writes benchmarks/results.json and BENCHMARKS.md.
 # The peer loaders get their own virtual environment (benchmarks/.peers-venv), made on first use.
