@@ -51,6 +51,8 @@ def test_store_errors_shorter_than_the_retry_budget_are_survived(tmp_path, lakef
     assert ok, errors
 
 
+# make reliability runs it (all its cases); make test leaves it out to stay inside its 25 minutes.
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_store_outage_longer_than_retries_fails_clearly_and_publishes_nothing_half(tmp_path, lakefs, ledger, case):
     rng = random.Random(1000 + case)
@@ -72,6 +74,8 @@ def test_store_outage_longer_than_retries_fails_clearly_and_publishes_nothing_ha
     assert whole
 
 
+# make reliability runs it (all its cases); make test leaves it out to stay inside its 25 minutes.
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_store_stopped_and_restarted_mid_run_is_ridden_out(tmp_path, lakefs, ledger, case):
     """The store stops listening (connections refused, open ones dropped) at a random moment and

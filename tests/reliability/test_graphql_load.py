@@ -18,7 +18,8 @@ from pipelines.profiles import Profile
 from tests.reliability.conftest import FULL
 from tests.ui.webserver import running_webserver
 
-pytestmark = pytest.mark.slow
+# make reliability runs it (all its cases); make test leaves it out to stay inside its 25 minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 QUERIES = {
     "runs": "query { runsOrError(limit: 20) { ... on Runs { results { runId status startTime tags { key value } } } } }",

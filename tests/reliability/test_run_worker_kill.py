@@ -24,7 +24,8 @@ from resources.run_launcher import HealthCheckedRunLauncher
 from tests.reliability.conftest import repeats
 from tests.ui.webserver import REPO, _stop_group, running_webserver
 
-pytestmark = pytest.mark.slow
+# make reliability runs it (all its cases); make test leaves it out to stay inside its 25 minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 INSTANCE_YAML = """
 telemetry:
