@@ -21,10 +21,12 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from .build_info import verify_image
 from .config import ConfigError, RunConfig
 from .distributed import close_distributed, init_distributed
 from .error_file import AtomicErrorHandler
 from .numerics import configure_numerics
+from .pod_lineage import gather_pod_record
 from .telemetry import LogReporter
 from .tensorboard_log import tensorboard_reporting
 from .context import TrainingContext
@@ -90,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         reporting = contextlib.nullcontext(LogReporter())
     with reporting as reporter:
+        # First: in a pod, an image built from other code than the run's fails here, before it
+        # parses a config that code may not understand.
+        build = verify_image()
         cfg = _load_config(args.config)  # validated before any process group or data access
         fault = _fault_from_env()
         configure_numerics(cfg.train)  # before the first CUDA kernel
@@ -98,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
             context = TrainingContext(cfg, info, reporter, restarts, fault)
+            context.pod_record = gather_pod_record(info, build)
             # Rank 0 also writes TensorBoard event files beside the checkpoints (telemetry.tensorboard).
             with tensorboard_reporting(context) as context.reporter:
                 if cfg.train_fn is not None:
@@ -106,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                     Trainer(cfg, info, context.reporter, fault, restart_count=restarts, context=context).run()
         finally:
             close_distributed()
+        if cfg.evaluation.enabled and info.is_main:
+            # After the process group is closed: the other ranks have finished, and no collective
+            # timeout bounds one rank's pass over the whole test split.
+            from .evaluate_after_training import EVALUATION_FILE, evaluate_after_training
+
+            evaluation = evaluate_after_training(cfg, info.device)
+            reporter.info(f"evaluated the written model on {evaluation['device']}: wrote {EVALUATION_FILE} "
+                          f"(test and validation splits, {evaluation['test']['num_samples']} test samples)")
     return 0
 
 

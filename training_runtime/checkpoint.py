@@ -1,7 +1,9 @@
 """Atomic checkpoints with a sha256 manifest, keep-last-K, optional background writes, and resume
 from the newest valid checkpoint.
 
-Layout: ``<dir>/step_000000050/{state.pt, manifest.json}``. A checkpoint is written into a hidden
+Layout: ``<dir>/step_000000050/{state.pt, manifest.json}``; a sharded checkpoint
+(``sharded_checkpoint.py``) adds every rank's shards under ``dcp/`` and lists them in the same
+manifest. A checkpoint is written into a hidden
 temporary directory, then renamed into place, so a reader sees a whole checkpoint or none; its
 files and directories are fsynced before the rename (``write_checkpoint``) or, by the training
 loop's writer, in the background after it (see ``CheckpointWriter``). Only rank 0 writes; every
@@ -30,6 +32,7 @@ from training_runtime.atomic_files import atomic_output, atomic_write_bytes, fsy
 log = logging.getLogger(__name__)
 
 FORMAT = "training_runtime.checkpoint/v1"
+SHARDED_FORMAT = "training_runtime.checkpoint.sharded/v1"  # state.pt plus torch.distributed.checkpoint shards
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
 
@@ -192,6 +195,18 @@ def copy_into(staging: Any, obj: Any) -> Any:
     return obj
 
 
+def save_hashed(path: Path, obj: Any) -> dict[str, Any]:
+    """``torch.save`` of ``obj`` to ``path``, streamed to disk and hashed beside (no in-memory
+    copy); returns its manifest entry ``{"sha256", "num_bytes"}``."""
+    out = _HashingWriter(path)
+    try:
+        torch.save(obj, out)
+    except BaseException:
+        out.abort()
+        raise
+    return {"sha256": out.close(), "num_bytes": out.num_bytes}
+
+
 def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any],
                      before_publish: Callable[[int], None] | None = None, *, durable: bool = True) -> Path:
     """Write ``state`` as checkpoint ``step`` atomically; returns its directory.
@@ -208,25 +223,19 @@ def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any],
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    out = _HashingWriter(tmp / STATE_FILE)  # streamed to disk and hashed beside: no in-memory copies
-    try:
-        torch.save(state, out)
-    except BaseException:
-        out.abort()
-        raise
-    sha256 = out.close()
+    entry = save_hashed(tmp / STATE_FILE, state)
     if durable:
         fsync_path(tmp / STATE_FILE)
     if before_publish is not None:
         before_publish(step)
     manifest = {"format": FORMAT, "step": step, "created_unix": time.time(),
-                "files": {STATE_FILE: {"sha256": sha256, "num_bytes": out.num_bytes}}}
+                "files": {STATE_FILE: entry}}
     (tmp / MANIFEST_FILE).write_bytes(json.dumps(manifest, indent=2).encode())
     if durable:
         fsync_path(tmp / MANIFEST_FILE)
         fsync_path(tmp)
     if final.exists():  # the same step saved again after a restart: replace it
-        _discard(final)
+        discard(final)
     if durable:
         replace_durably(tmp, final)
     else:
@@ -234,7 +243,7 @@ def write_checkpoint(root: str | os.PathLike, step: int, state: dict[str, Any],
     return final
 
 
-def _discard(path: Path) -> None:
+def discard(path: Path) -> None:
     """Unpublish a checkpoint: renamed out of the listing first, so a crash mid-delete leaves
     only a ``.trash-`` directory, which ``remove_stale_temporaries`` clears."""
     trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
@@ -260,10 +269,12 @@ def verify_checkpoint(path: Path) -> None:
         manifest = json.loads(mpath.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{MANIFEST_FILE} unreadable: {e}") from e
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"format {manifest.get('format')!r} != {FORMAT!r}")
+    if manifest.get("format") not in (FORMAT, SHARDED_FORMAT):
+        raise ValueError(f"format {manifest.get('format')!r} is neither {FORMAT!r} nor {SHARDED_FORMAT!r}")
     for name, meta in manifest["files"].items():
         f = path / name
+        if path.resolve() not in f.resolve().parents:  # a sharded manifest names files in dcp/
+            raise ValueError(f"{name} lies outside the checkpoint directory")
         if not f.is_file():
             raise ValueError(f"{name} missing")
         if f.stat().st_size != meta["num_bytes"]:
@@ -277,7 +288,11 @@ def verify_checkpoint(path: Path) -> None:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    """The checkpoint's state, memory-mapped: a full checkpoint's tensors are read from the page
+    cache only where used, so an FSDP rank loading its shard out of the full state does not hold
+    the whole model and optimizer in its own memory (the pages are shared between the ranks of a
+    node and dropped under pressure)."""
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
 
 
 def find_latest_valid(root: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
@@ -340,7 +355,7 @@ class CheckpointWriter:
         try:
             make_durable(path)
         except BaseException:
-            _discard(path)  # not known to be on disk: nothing may rely on it; the older ones stay
+            discard(path)  # not known to be on disk: nothing may rely on it; the older ones stay
             raise
         prune(self.root, self.keep_last)
 

@@ -17,6 +17,8 @@ LR_SCHEDULES = ("cosine", "constant", "linear_warmup_cosine")
 SHARDINGS = ("ddp", "fsdp", "hsdp")
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cuda", "cpu")
+CHECKPOINT_FORMATS = ("auto", "full", "sharded")
+EVALUATION_SPLITS = ("test", "validation")  # what evaluation.enabled evaluates, as the step's evaluation does
 
 
 class ConfigError(ValueError):
@@ -119,8 +121,22 @@ class CheckpointConfig:
     keep_last: int = _doc("Number of newest checkpoints kept.", default=3)
     async_save: bool = _doc(
         "Copy state to host memory synchronously, write it in a background thread (without it, "
-        "training waits until the checkpoint is published; its fsync runs in the background).", default=False
+        "training waits until the checkpoint is published; its fsync runs in the background). Full format "
+        "only.", default=False
     )
+    format: str = _doc(
+        "'full': rank 0 writes the whole model and optimizer state as one file (every rank reads it back "
+        "whole on resume). 'sharded': every rank writes only its own FSDP shards with "
+        "torch.distributed.checkpoint, and reads back only what it holds, also at another world size; needs "
+        "train.sharding 'fsdp' or 'hsdp' and async_save off. 'auto': sharded under fsdp/hsdp without "
+        "async_save, else full (a train_fn's ctx.save_checkpoint always writes full). Either format resumes "
+        "from the other's checkpoints.", default="auto")
+
+    def resolved_format(self, sharding: str) -> str:
+        """'full' or 'sharded': what ``format`` means under ``sharding``."""
+        if self.format != "auto":
+            return self.format
+        return "sharded" if sharding in ("fsdp", "hsdp") and not self.async_save else "full"
 
 
 @dataclass(kw_only=True)
@@ -139,6 +155,24 @@ class ValidationConfig:
         "The model written out (and evaluated, registered) is the one of the best validation, not the last.",
         default=True)
     enabled: bool = _doc("Validate during training at all (needs a 'validation' split).", default=True)
+    # A sweep's trials (ops/sweep.py): the orchestrator reads the validations as they happen and
+    # may ask a trial to stop. Files on the checkpoint volume, so both launchers work the same way.
+    report_file: str | None = _doc(
+        "Rank 0 appends every validation's scalar metrics to this JSON-lines file (None: none).", default=None)
+    stop_file: str | None = _doc(
+        "When this file exists at a validation, training stops there as a pruned trial: outputs are written as "
+        "after early stopping, and metrics.json says pruned (None: never).", default=None)
+
+
+@dataclass(kw_only=True)
+class EvaluationConfig:
+    enabled: bool = _doc(
+        "After training, rank 0 evaluates the model it wrote (model.safetensors, the keep_best weights) on "
+        "the test and validation splits on its training device, in fp32, and writes evaluation.json beside "
+        "it (recipe evaluate_on 'training'; off: the orchestrator's evaluation step computes the metrics).",
+        default=False)
+    batch_size: int = _doc("Samples per evaluation batch (the step's evaluation reads 512; the sums' order, so "
+                           "the last digits of the figures, follow it).", default=512)
 
 
 @dataclass(kw_only=True)
@@ -197,6 +231,8 @@ class RunConfig:
                                         default_factory=ValidationConfig)
     guards: GuardsConfig = _doc("What stops or warns about a training going wrong (NaN, spikes, stragglers, "
                                 "data stalls, hot GPUs, hangs).", default_factory=GuardsConfig)
+    evaluation: EvaluationConfig = _doc("Evaluation of the written model by the training job itself.",
+                                        default_factory=EvaluationConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -214,6 +250,7 @@ class RunConfig:
         if self.train_fn is not None:
             _check_import_path("train_fn", self.train_fn, "function")
         self._validate_validation()
+        self._validate_evaluation()
         _check_locations(self.data.manifest, self.data.locations, self.splits_read(), "data.locations")
         t = self.train
         for name in ("epochs", "batch_size", "grad_accum_steps", "num_workers", "prefetch_batches"):
@@ -248,6 +285,18 @@ class RunConfig:
             raise ConfigError(f"checkpoint.every_steps must be >= 1, got {c.every_steps}")
         if c.keep_last < 1:
             raise ConfigError(f"checkpoint.keep_last must be >= 1, got {c.keep_last}")
+        _check_choice("checkpoint.format", c.format, CHECKPOINT_FORMATS)
+        if c.format == "sharded" and t.sharding not in ("fsdp", "hsdp"):
+            raise ConfigError(f"checkpoint.format 'sharded' saves FSDP shards, but train.sharding is {t.sharding!r} "
+                              "(every rank holds everything); set checkpoint.format 'full' or 'auto', or "
+                              "train.sharding 'fsdp'")
+        if c.format == "sharded" and self.train_fn is not None:
+            raise ConfigError("checkpoint.format 'sharded' is the built-in trainer's; a train_fn saves what it hands "
+                              "ctx.save_checkpoint as a full checkpoint: set checkpoint.format 'auto' or 'full'")
+        if c.format == "sharded" and c.async_save:
+            raise ConfigError("checkpoint.format 'sharded' writes every rank's shards in step with the others and "
+                              "cannot be combined with checkpoint.async_save; set async_save false, or "
+                              "checkpoint.format 'full' (or 'auto') to keep background writes")
         if not os.path.isabs(self.output_dir):
             raise ConfigError(f"output_dir must be an absolute path, got {self.output_dir!r}")
         if self.data.cache_dir is not None and not os.path.isabs(self.data.cache_dir):
@@ -309,6 +358,19 @@ class RunConfig:
             raise ConfigError(f"validation.metric {metric!r} is not a metric of task {self.task!r}; it has "
                               f"{list(names)}")
 
+    def _validate_evaluation(self) -> None:
+        e = self.evaluation
+        if not e.enabled:
+            return
+        if e.batch_size < 1:
+            raise ConfigError(f"evaluation.batch_size must be >= 1, got {e.batch_size}")
+        missing = [s for s in EVALUATION_SPLITS if s not in self.data.manifest["splits"]]
+        if missing:
+            raise ConfigError(f"evaluation.enabled needs the splits {list(EVALUATION_SPLITS)} in data.manifest; it "
+                              f"lacks {missing}: re-shard with test and validation fractions or set "
+                              "evaluation.enabled to false (recipe evaluate_on 'step')")
+        _check_locations(self.data.manifest, self.data.locations, list(EVALUATION_SPLITS), "data.locations")
+
     # ---------------------------------------------------------------- derived
     def splits_read(self) -> list[str]:
         """Manifest splits the training run reads."""
@@ -338,7 +400,9 @@ class RunConfig:
             return metric, self.validation.mode
         if metric == task.monitor[0]:
             return metric, task.monitor[1]
-        return metric, "min" if metric in ("loss", "mse", "mae", "perplexity") else "max"
+        from .task_names import LOWER_IS_BETTER
+
+        return metric, "min" if metric in LOWER_IS_BETTER else "max"
 
     def model_build(self):
         """The ModelBuild (factory, input shape, outputs, data kwargs) for this run's data and task."""
@@ -535,7 +599,8 @@ def _build(cls: type, d: Any, prefix: str) -> Any:
 
 _NESTED = {"ModelConfig": ModelConfig, "DataConfig": DataConfig, "TrainConfig": TrainConfig,
            "CheckpointConfig": CheckpointConfig, "TelemetryConfig": TelemetryConfig,
-           "AugmentConfig": AugmentConfig, "ValidationConfig": ValidationConfig, "GuardsConfig": GuardsConfig}
+           "AugmentConfig": AugmentConfig, "ValidationConfig": ValidationConfig, "GuardsConfig": GuardsConfig,
+           "EvaluationConfig": EvaluationConfig}
 
 
 def _coerce(type_str: str, value: Any, path: str) -> Any:

@@ -50,6 +50,7 @@ from training_runtime.distributed import (
     DistInfo, all_gather_object, broadcast_object, full_model_state, full_optimizer_state, load_full_state,
     is_sharded, raise_if_any_failed, unwrap, wrap_model)
 from training_runtime.telemetry import LogReporter, Reporter
+from training_runtime.trial_channel import append_report, stop_reason
 from training_runtime.typed_split import open_split
 from training_runtime.validation import evaluate_split
 
@@ -141,6 +142,8 @@ class TrainingContext:
         self.last_checkpoint_step: int | None = None
         self.resumed_from_step: int | None = None
         self.train_time_s = 0.0  # a user function's wall time (set by user_loop)
+        # Image, build, nodes and GPUs of every rank (pod_lineage.py; set by the entry point).
+        self.pod_record: dict[str, Any] | None = None
 
     def _checkpoint_fault(self):
         """The fault hook's callback for the checkpoint writer (None without an in-write fault)."""
@@ -335,6 +338,23 @@ class TrainingContext:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dist.io_group)
         return bool(flag.item())
 
+    # ------------------------------------------------------------ sweeps
+    def report_validation(self, step: int, metrics: dict[str, Any]) -> None:
+        """Rank 0 hands a validation's scalar metrics to the sweep watching this run, if any
+        (validation.report_file); a custom training function calls it after its own validations."""
+        path = self.config.validation.report_file
+        if path and self.is_main:
+            scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            append_report(path, {"step": int(step), **scalars})
+
+    def prune_requested(self) -> str | None:
+        """Collective: the reason the sweep asked this trial to stop (its pruner), on every rank, or
+        None. Rank 0 reads the stop file and tells the others, so all ranks stop at the same step."""
+        path = self.config.validation.stop_file
+        if not path:
+            return None
+        return broadcast_object(stop_reason(path) if self.is_main else None, group=self.dist.io_group)
+
     # ------------------------------------------------------------ outputs
     def save_model(self, model: nn.Module | dict[str, torch.Tensor], training: dict[str, Any] | None = None) -> None:
         """Collective. Rank 0 writes ``model.safetensors`` and ``model_card.json`` to output_dir.
@@ -366,7 +386,8 @@ class TrainingContext:
         resolved = self.config.to_dict()
         resolved.update(world_size=self.world_size, backend=self.dist.backend, device=self.device.type,
                         steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
-                        torch_version=torch.__version__, **_accelerator_versions(self.device))
+                        torch_version=torch.__version__, **_accelerator_versions(self.device),
+                        **({"pod": self.pod_record} if self.pod_record is not None else {}))
         ckpt.atomic_write_json(out / "resolved_config.json", resolved)
         ckpt.atomic_write_json(out / "metrics.json", _json_safe(metrics))
 

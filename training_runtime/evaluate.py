@@ -1,12 +1,15 @@
 """Evaluate a trained model (a directory with model.safetensors and model_card.json) on a split of
-its shards, in one process on CPU, with its task's metrics: the figures the quality gate and the
-model version's lineage use."""
+its shards, in one process (on CPU in the orchestrator's evaluation step, on the training device
+after training with evaluation.enabled), with its task's metrics: the figures the quality gate and
+the model version's lineage use."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from training_runtime.config import validate_manifest
 from training_runtime.data import resolve_shards
@@ -32,16 +35,17 @@ def check_fits(loaded: LoadedModel, manifest: dict) -> DataInfo:
 
 def evaluate(model_dir: Path, manifest: dict, locations: dict[str, str], split: str = "test",
              s3_endpoint_url: str | None = None, batch_size: int = 512, cache_dir: str | None = None,
-             loaded: LoadedModel | None = None) -> dict[str, Any]:
+             loaded: LoadedModel | None = None, device: torch.device | None = None) -> dict[str, Any]:
     """The task's metrics of the model in ``model_dir`` on ``split`` (shards checked against their
-    sha256 first). ``loaded``: the model already loaded from ``model_dir``."""
+    sha256 first). ``loaded``: the model already loaded from ``model_dir`` onto ``device`` (None: CPU)."""
+    device = device or torch.device("cpu")
     validate_manifest(manifest)
-    loaded = loaded or load_model(model_dir)
+    loaded = loaded or load_model(model_dir, device)
     info = check_fits(loaded, manifest)
     if cache_dir is None:
         cache_dir = str(Path(tempfile.gettempdir()) / "training_runtime_shard_cache")
     paths = resolve_shards(manifest, locations, split, cache_dir, s3_endpoint_url, verify=True)
     data = open_split(manifest, paths, split)
-    metrics = evaluate_split(loaded.model, loaded.task, info, data, batch_size=batch_size)
+    metrics = evaluate_split(loaded.model, loaded.task, info, data, batch_size=batch_size, device=device)
     metrics["split"] = split
     return metrics

@@ -100,6 +100,15 @@ def nonfinite_detection(counts: Sequence[float], first_steps: Sequence[float], l
                      rank, host, gpu)
 
 
+def interval_mean_loss(loss_sums: Sequence[float], loss_steps: Sequence[float]) -> float:
+    """An interval's mean loss per step over every rank. ``loss_sums[r]``: rank r's summed loss of
+    the steps it counted, ``loss_steps[r]``: how many; a batch skipped for a non-finite loss or
+    gradient (guards.nonfinite_skip_batches) is in neither, so it leaves out that step alone, not
+    the rank's whole interval. NaN when no step counted (every batch of the interval skipped)."""
+    counted = sum(loss_steps)
+    return sum(loss_sums) / counted if counted else float("nan")
+
+
 def loss_spike_detection(step: int, loss: float, recent: Sequence[float], factor: float | None) -> Detection | None:
     """The interval's loss above ``factor`` x the median of the recent intervals' losses."""
     if factor is None or len(recent) < 3:

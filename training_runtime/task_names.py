@@ -40,3 +40,14 @@ DEFAULT_MONITOR: dict[str, tuple[str, str]] = {
 assert set(TASK_METRICS) == set(OPTIONAL_METRICS) == set(DEFAULT_MONITOR) == set(BUILTIN_TASKS)
 assert all(m[0] == "loss" for m in TASK_METRICS.values()), "loss comes first in every task's metrics"
 assert all(DEFAULT_MONITOR[t][0] in TASK_METRICS[t] for t in BUILTIN_TASKS), "monitors are always-present metrics"
+
+# Metrics where lower is better; any other metric is better higher (accuracy, F1, r2, auroc).
+LOWER_IS_BETTER = ("loss", "mse", "mae", "perplexity")
+
+
+def metric_mode(task: str, metric: str) -> str:
+    """'min' or 'max': how a validation metric of a built-in task improves."""
+    default = DEFAULT_MONITOR.get(task)
+    if default is not None and default[0] == metric:
+        return default[1]
+    return "min" if metric in LOWER_IS_BETTER else "max"

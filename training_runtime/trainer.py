@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
+from . import sharded_checkpoint
 from .config import ConfigError, RunConfig
 from .context import TrainingContext
 from .distributed import full_optimizer_state, load_full_state
@@ -118,6 +119,7 @@ class _Interval:
         self.nonfinite_loss = torch.zeros((), device=device)  # ... where the loss itself was
         self.first_nonfinite = torch.full((), -1.0, device=device)  # the first of them (-1: none)
         self.steps, self.samples, self.time_s, self.wait_s = 0, 0, 0.0, 0.0
+        self.loss_steps = 0  # steps whose loss is in ``loss`` (a skipped batch's is not)
         self.compute_s = 0.0  # host time from a step's start to its loss, before any collective
         self.timer = IntervalTimer(device)
 
@@ -153,6 +155,8 @@ class Trainer:
         else:
             self.best = None
         self.stopped_early = False
+        self.pruned: str | None = None  # why a sweep stopped this trial (its pruner), else None
+        self.pruned_at_step: int | None = None
 
     # ------------------------------------------------------------ setup
     def _build(self) -> None:
@@ -173,13 +177,33 @@ class Trainer:
         return time.perf_counter() - t0
 
     def _save_now(self, step: int) -> None:
+        own = {"epoch": step // self.steps_per_epoch, "step_in_epoch": step % self.steps_per_epoch,
+               "scheduler": self.scheduler.state_dict(), "history": self._history_state()}
+        if self.cfg.checkpoint.resolved_format(self.cfg.train.sharding) == "sharded":
+            self._save_sharded(step, own)
+            return
         sharding = self.cfg.train.sharding
         model_sd = self.ctx.full_state(self.model)
         optim_sd = full_optimizer_state(self.model, self.optimizer, sharding)
-        self.ctx.save_checkpoint(step, {
-            "epoch": step // self.steps_per_epoch, "step_in_epoch": step % self.steps_per_epoch,
-            "model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
-            "history": self._history_state()})
+        self.ctx.save_checkpoint(step, {**own, "model": model_sd, "optimizer": optim_sd})
+
+    def _save_sharded(self, step: int, own: dict[str, Any]) -> None:
+        """Collective: every rank writes its own shards; rank 0 adds the trainer's state with the
+        same keys as a full checkpoint's (every rank's RNG states, the config), bar model and
+        optimizer."""
+        info, cfg = self.info, self.cfg
+        rngs = all_gather_object(ckpt.rng_state(info.device))
+        state = {**own, "sharded": sharded_checkpoint.DCP_DIR, "step": step, "world_size": info.world_size,
+                 "rng": rngs, "config": cfg.to_dict()}
+        sharded_checkpoint.save_sharded(cfg.checkpoint.dir, step, self.model, self.optimizer,
+                                        state if info.is_main else {}, info, keep_last=cfg.checkpoint.keep_last,
+                                        before_publish=self._kill_in_checkpoint_write)
+        self.ctx.last_checkpoint_step = step
+
+    def _kill_in_checkpoint_write(self, step: int) -> None:
+        """The fault hook inside a sharded checkpoint's write: shards on disk, nothing published."""
+        if self.fault and self.fault.kill_in_checkpoint_write(self.info.rank, step, self.restart_count):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _history_state(self) -> dict[str, Any]:
         return {"loss_history": [list(x) for x in self.loss_history],
@@ -196,7 +220,11 @@ class Trainer:
             raise ConfigError(
                 f"checkpoint at step {state['step']} in {self.cfg.checkpoint.dir} is past this run's "
                 f"{self.total_steps} steps; raise train.epochs / train.max_steps or use a fresh checkpoint.dir")
-        load_full_state(self.model, self.optimizer, state["model"], state["optimizer"], self.cfg.train.sharding)
+        if sharded_checkpoint.is_sharded_checkpoint(state):
+            path = Path(self.cfg.checkpoint.dir) / ckpt.step_dir_name(int(state["step"]))  # verified by rank 0
+            sharded_checkpoint.load_sharded(path, self.model, self.optimizer, self.info)
+        else:  # a full checkpoint (also one written before sharded checkpoints existed)
+            load_full_state(self.model, self.optimizer, state["model"], state["optimizer"], self.cfg.train.sharding)
         self.scheduler.load_state_dict(state["scheduler"])
         h = state["history"]
         self.loss_history = [tuple(x) for x in h["loss_history"]]
@@ -264,9 +292,8 @@ class Trainer:
         if not self.cfg.guards.enabled:
             if t.grad_clip_norm is not None:
                 iv.grad_norm = self._grad_norm()
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self._apply_update(skip=False)
+            iv.loss_steps += 1
             return total
         norm = self._grad_norm()
         iv.grad_norm = norm
@@ -278,14 +305,20 @@ class Trainer:
         iv.nonfinite_loss += bad_loss.float()
         iv.first_nonfinite = torch.where((bad > 0) & (iv.first_nonfinite < 0),
                                          torch.full_like(iv.first_nonfinite, step), iv.first_nonfinite)
-        if self.cfg.guards.nonfinite_skip_batches and self._any_rank_bad(bad):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()  # the batch is consumed: the schedule stays aligned with the data
+        skip = bool(self.cfg.guards.nonfinite_skip_batches) and self._any_rank_bad(bad)
+        self._apply_update(skip=skip)
+        if skip:  # left out of the interval's loss: its sum and its count of steps
             return torch.zeros_like(total)
-        self.optimizer.step()
+        iv.loss_steps += 1
+        return total
+
+    def _apply_update(self, *, skip: bool) -> None:
+        """The optimizer step (none for a skipped batch), then the schedule's step either way (the
+        batch is consumed: the schedule stays aligned with the data) and the gradients cleared."""
+        if not skip:
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total
 
     def _grad_norm(self) -> torch.Tensor:
         """The global gradient norm (clipping to train.grad_clip_norm when set): one fused pass over
@@ -342,6 +375,14 @@ class Trainer:
             if self.info.is_main:
                 self.reporter.info(f"early stopping at step {step}: no {self.best.metric} improvement in "
                                    f"{self.best.since_best} validations")
+        # A sweep watching this trial reads the validation, and may answer with a stop request that
+        # the next validation sees (training_runtime/trial_channel.py).
+        self.ctx.report_validation(step, metrics)
+        reason = self.ctx.prune_requested()
+        if reason is not None:
+            self.stopped_early, self.pruned, self.pruned_at_step = True, reason, step
+            if self.info.is_main:
+                self.reporter.info(f"stopped at step {step}: {reason}")
 
     def run(self) -> dict[str, Any]:
         cfg, info, ctx = self.cfg, self.info, self.ctx
@@ -462,6 +503,9 @@ class Trainer:
                 or step % self.cfg.checkpoint.every_steps == 0 or step == self.total_steps
                 or self._validation_due(step))
 
+    def _telemetry_due(self, step: int) -> bool:
+        return step % self.cfg.telemetry.every_steps == 0 or step == self.total_steps
+
     def _close_interval(self, iv: _Interval, step: int, epoch: int, lr: float, *, flush: bool) -> None:
         """Collective: launch the all-gather of this interval's figures, then read the previous
         interval's (and this one's too when ``flush``). Each gather also carries the GPU time of
@@ -473,12 +517,15 @@ class Trainer:
             elapsed = timer.elapsed_s()
             if elapsed is not None:
                 gpu_s, gpu_steps, gpu_upto = elapsed, steps, end_step
-        sample = self.stats.sample()
+        # psutil/NVML reads only where telemetry is emitted, not at every boundary (with few
+        # steps every step is one: the progress line's 10%).
+        sample = self.stats.sample() if self._telemetry_due(step) else {}
         temp = float(sample.get("gpu_temperature_c", -1.0))
         harmful = sum(1 << i for i, name in enumerate(guards.HARMFUL_SLOWDOWNS)
                       if name in sample.get("gpu_throttle_reasons", ()))
         mine = self.gather.pack([iv.loss, iv.grad_norm, iv.nonfinite, iv.first_nonfinite, iv.nonfinite_loss],
-                                [iv.steps, iv.time_s, iv.wait_s, gpu_s, gpu_steps, iv.compute_s, temp, harmful])
+                                [iv.steps, iv.time_s, iv.wait_s, gpu_s, gpu_steps, iv.compute_s, temp, harmful,
+                                 iv.loss_steps])
         launched = self.gather.launch(mine, meta={"step": step, "epoch": epoch, "lr": lr, "samples": iv.samples,
                                                   "steps": iv.steps, "gpu_upto": gpu_upto, "sample": sample})
         self._finish_pending()
@@ -499,12 +546,11 @@ class Trainer:
         ``per_rank`` rows: [loss sum, last grad norm, non-finite steps, first non-finite step,
         steps with a non-finite loss, steps, host seconds, wait seconds, GPU seconds of the rank's
         previous interval (-1: none), its steps, compute seconds, GPU temperature (-1: none),
-        harmful slowdown bits]."""
+        harmful slowdown bits, steps whose loss is in the sum]."""
         info, cfg, totals = self.info, self.cfg, self.totals
         if cfg.guards.enabled:
             self._check_nonfinite(per_rank, step)
-        finite = [r for r in per_rank if r[2] == 0]  # a skipped batch's loss is left out of the average
-        loss = sum(r[0] for r in finite) / max(1, sum(r[5] for r in finite)) if finite else float("nan")
+        loss = guards.interval_mean_loss([r[0] for r in per_rank], [r[13] for r in per_rank])
         ranks = [(r[6], r[7]) for r in per_rank]
         times = [t for t, _ in ranks]
         mean_time = sum(times) / len(times)
@@ -526,7 +572,7 @@ class Trainer:
                 epoch=epoch + 1, epochs=cfg.train.epochs, step=step, total=self.total_steps,
                 start_step=self.start_step, loss=loss, samples_per_second=sps,
                 elapsed_s=time.perf_counter() - self.t_start))
-        if step % cfg.telemetry.every_steps == 0 or step == self.total_steps:
+        if self._telemetry_due(step):
             gpu = {}
             if all(r[8] >= 0 and r[9] > 0 for r in per_rank):  # CUDA events, an interval behind
                 gpu = {"per_rank_gpu_step_time_s": [r[8] / r[9] for r in per_rank], "gpu_time_upto_step": gpu_upto}
@@ -635,4 +681,5 @@ class Trainer:
         b = self.best
         return {"monitor": b.metric, "monitor_mode": b.mode, "best_step": b.best_step, "best_value": b.best_value,
                 "stopped_early": self.stopped_early, "validation_history": b.history,
+                "pruned": self.pruned, "pruned_at_step": self.pruned_at_step,
                 "weights_from_step": b.best_step if self.cfg.validation.keep_best else None}

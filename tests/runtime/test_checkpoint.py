@@ -177,3 +177,14 @@ def test_atomic_write_json_replaces_whole_file(tmp_path):
     ckpt.atomic_write_json(tmp_path / "m.json", {"b": 2})
     assert (tmp_path / "m.json").read_text().strip() == '{\n  "b": 2\n}'
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
+def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path):
+    path = ckpt.write_checkpoint(tmp_path / "c", 3, _state(3))
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(b"x")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["../../elsewhere.bin"] = {"sha256": ckpt.hashlib.sha256(b"x").hexdigest(), "num_bytes": 1}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="lies outside the checkpoint directory"):
+        ckpt.verify_checkpoint(path)

@@ -64,3 +64,87 @@ def test_evaluate_requires_a_finished_run(known_run, tmp_path):
     _, manifest, locations, _, _ = known_run
     with pytest.raises(ValueError, match="holds neither model_card.json nor weights.pt"):
         evaluate(tmp_path / "empty", manifest, locations)
+
+
+# ---------------------------------------------------------------- evaluation by the training job
+
+from training_runtime.evaluate_after_training import (  # noqa: E402
+    EVALUATION_FORMAT,
+    evaluation_for_weights,
+    evaluation_record,
+)
+
+SHA = "ab" * 32
+
+
+def _record(**changes):
+    record = evaluation_record({"test": {"loss": 0.5, "accuracy": 0.75, "num_samples": 8},
+                                "validation": {"loss": 0.6, "accuracy": 0.5, "num_samples": 8}},
+                               SHA, torch.device("cpu"))
+    return {**record, **changes}
+
+
+def test_the_training_jobs_metrics_are_used_only_for_exactly_these_weights():
+    metrics, why = evaluation_for_weights(_record(device="cuda:0"), SHA)
+    assert metrics == {"test": {"loss": 0.5, "accuracy": 0.75, "num_samples": 8},
+                       "validation": {"loss": 0.6, "accuracy": 0.5, "num_samples": 8}}
+    assert why == "evaluated by the training job on cuda:0"
+    # No file, other weights (a stale file of an earlier attempt), an unknown format: the step evaluates.
+    for record, reason in ((None, "wrote no evaluation.json"),
+                           (_record(weights_sha256="cd" * 32), "is of weights cdcd"),
+                           (_record(format="model-factory.evaluation/v0"), "of format 'model-factory.evaluation/v0'"),
+                           ([1, 2], "of format 'list'")):
+        metrics, why = evaluation_for_weights(record, SHA)
+        assert metrics is None and reason in why and why.endswith("evaluated here on CPU"), why
+
+
+def test_a_record_of_these_weights_without_a_split_is_an_error():
+    record = _record()
+    del record["validation"]
+    with pytest.raises(ValueError, match=r"has no metrics for \['validation'\]"):
+        evaluation_for_weights(record, SHA)
+    with pytest.raises(ValueError, match="needs the metrics of"):
+        evaluation_record({"test": {}}, SHA, torch.device("cpu"))
+    assert _record()["format"] == EVALUATION_FORMAT
+
+
+def test_evaluation_config_needs_its_splits(tmp_path):
+    from training_runtime.config import ConfigError, RunConfig
+    from tests.runtime.helpers import make_config, make_dataset
+
+    manifest, locations = make_dataset(tmp_path, n_train=32, n_test=8, per_shard=16)
+    cfg = make_config(tmp_path, manifest, locations)
+    assert RunConfig.from_dict(cfg).evaluation.enabled is False
+    assert RunConfig.from_dict({**cfg, "evaluation": {"enabled": True}}).evaluation.batch_size == 512
+    with pytest.raises(ConfigError, match="evaluation.batch_size must be >= 1"):
+        RunConfig.from_dict({**cfg, "evaluation": {"enabled": True, "batch_size": 0}})
+    no_test = {**manifest, "splits": {k: v for k, v in manifest["splits"].items() if k != "test"}}
+    with pytest.raises(ConfigError, match=r"evaluation.enabled needs the splits .* lacks \['test'\]"):
+        RunConfig.from_dict({**cfg, "data": {**cfg["data"], "manifest": no_test}, "evaluation": {"enabled": True}})
+    test_shard = manifest["splits"]["test"]["shards"][0]["path"]
+    partial = {k: v for k, v in locations.items() if k != test_shard}
+    with pytest.raises(ConfigError, match=f"no location for shard '{test_shard}' \\(split 'test'\\)"):
+        RunConfig.from_dict({**cfg, "data": {**cfg["data"], "locations": partial}, "evaluation": {"enabled": True}})
+
+
+@pytest.mark.slow
+def test_fsdp_training_evaluates_its_keep_best_weights_as_the_step_would(tmp_path):
+    """2 gloo ranks, FSDP, keep_best: rank 0 evaluates the written weights after training; the
+    figures equal evaluate()'s, the step's function, on the same weights and shards."""
+    from training_runtime.data import sha256_file
+    from tests.runtime.helpers import make_config, make_dataset, torchrun
+
+    manifest, locations = make_dataset(tmp_path, n_train=64, n_test=40, per_shard=16)
+    cfg = make_config(tmp_path, manifest, locations, sharding="fsdp", epochs=3, batch_size=16)
+    cfg["validation"] = {"every_steps": 2, "keep_best": True}
+    cfg["evaluation"] = {"enabled": True, "batch_size": 16}
+    proc = torchrun(cfg, tmp_path / "run.json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = tmp_path / "run" / "out"
+    record = json.loads((out / "evaluation.json").read_text())
+    assert record["weights_sha256"] == sha256_file(out / "model.safetensors")
+    assert record["device"] == "cpu"
+    for split in ("test", "validation"):
+        step = evaluate(out, manifest, locations, split=split, batch_size=16, cache_dir=str(tmp_path / "cache"))
+        assert record[split] == json.loads(json.dumps(step)), split
+        assert record[split]["num_samples"] == 40

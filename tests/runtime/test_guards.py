@@ -1,5 +1,7 @@
 """The guards' verdicts from given per-rank figures, and the watchdog on a fake clock."""
 
+import math
+
 import pytest
 
 from training_runtime import guards
@@ -128,3 +130,10 @@ def test_the_lineage_lists_the_detections_and_summarises_them():
     rows = {row.field: row.value for row in lineage_rows(flagged)}
     assert rows["training health"] == "3 detection(s): straggler x2 (rank 1), loss_spike x1"
     assert "training health" not in {row.field for row in lineage_rows(record({}))}  # a clean run shows none
+
+
+def test_the_interval_loss_leaves_out_only_the_skipped_steps():
+    # rank 0 skipped one of its 4 steps (its sum holds 3), rank 1 none: mean over the 7 counted steps
+    assert guards.interval_mean_loss([3.0, 8.0], [3, 4]) == pytest.approx(11.0 / 7)
+    assert math.isnan(guards.interval_mean_loss([0.0, 0.0], [0, 0]))  # every batch skipped
+    assert math.isnan(guards.interval_mean_loss([float("nan"), 1.0], [2, 2]))  # unguarded NaN stays visible

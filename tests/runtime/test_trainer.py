@@ -1,6 +1,7 @@
 """The trainer in-process as a world of one rank, and the entry point's early failures."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -146,3 +147,58 @@ def test_resume_from_an_async_checkpoint_reproduces_the_run(problem, world_of_on
     w2 = load_file(f"{cfg.output_dir}/model.safetensors")
     for k in w1:
         assert torch.equal(w1[k], w2[k]), k
+
+
+def test_guards_off_takes_the_same_update_as_guards_on(problem, world_of_one):
+    """One ``_apply_update`` for both branches: with or without the guards, the same clipped
+    optimizer steps and schedule give the same weights and learning rates."""
+    on_cfg, on, w_on = _run(problem, world_of_one, "guards_on", max_steps=6, grad_clip_norm=0.05)
+    root, manifest, locations = problem
+    d = make_config(root, manifest, locations, name="guards_off", max_steps=6, grad_clip_norm=0.05)
+    d["guards"] = {"enabled": False}
+    off = Trainer(RunConfig.from_dict(d), world_of_one).run()
+    w_off = load_file(f"{d['output_dir']}/model.safetensors")
+    assert off["lr_history"] == on["lr_history"] and off["loss_history"] == on["loss_history"]
+    for k in w_on:
+        assert torch.equal(w_on[k], w_off[k]), k
+
+
+def test_a_skipped_batch_leaves_only_its_own_step_out_of_the_interval_loss(problem, world_of_one):
+    """Step 3's batch gives a NaN loss and is skipped; the interval of steps 3-4 reports step 4's
+    loss, not NaN (the whole rank's interval used to be dropped)."""
+    root, manifest, locations = problem
+    d = make_config(root, manifest, locations, name="skip_one", epochs=3,  # 12 steps: intervals of 2
+                    model="tests.runtime.user_model:nan_at_step", model_kwargs={"step": 3, "rank": 0})
+    d["guards"] = {"nonfinite_skip_batches": 2}
+    m = Trainer(RunConfig.from_dict(d), world_of_one).run()
+    losses = dict(m["loss_history"])
+    assert sorted(losses) == list(range(2, 13, 2))
+    assert m["nonfinite_skipped"] == 1
+    assert all(math.isfinite(v) for v in losses.values()), losses
+
+
+def test_system_stats_are_read_only_where_telemetry_is_emitted(problem, world_of_one, monkeypatch):
+    """8 steps are 8 boundaries (the progress line's 10%), but telemetry every 4 steps reads
+    psutil (and NVML on GPUs) twice, and those two telemetry events carry the readings."""
+    from training_runtime.telemetry import SystemStats
+
+    calls = []
+    real = SystemStats.sample
+    monkeypatch.setattr(SystemStats, "sample", lambda self: calls.append(1) or real(self))
+    root, manifest, locations = problem
+    d = make_config(root, manifest, locations, name="stats_calls")
+    d["telemetry"] = {"every_steps": 4}
+    events = []
+
+    class Collect:
+        def info(self, message):
+            pass
+
+        def custom(self, payload):
+            events.append(payload)
+
+    m = Trainer(RunConfig.from_dict(d), world_of_one, reporter=Collect()).run()
+    assert m["steps"] == 8 and len(m["loss_history"]) == 8  # every step closed an interval
+    telemetry = [e for e in events if e["kind"] == "telemetry"]
+    assert [e["step"] for e in telemetry] == [4, 8] and all("rss_bytes" in e for e in telemetry)
+    assert len(calls) == 2
