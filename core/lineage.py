@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple
 
 from core.code_version import code_version
+from core.experiment_lineage import experiment_fields, experiment_rows
 
 
 def build_lineage_record(
@@ -49,6 +50,10 @@ def build_lineage_record(
         },
         "code": code_version(),
         "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform()},
+        # What the training processes reported about themselves (training_runtime/pod_lineage.py):
+        # image and digest, the image's build, torch/CUDA/NCCL, GPU models and nodes. None for
+        # trainings whose runtime predates it.
+        "pod": resolved_config.get("pod"),
         "training": {
             "config": resolved_config,
             "seed": train.get("seed"),
@@ -61,6 +66,8 @@ def build_lineage_record(
             "nonfinite_skipped": metrics.get("nonfinite_skipped", 0),
         },
         "task": resolved_config.get("task", "classification"),
+        # The run's overrides of its pipeline and the sweep it is the best trial of (core/experiment_lineage.py).
+        **experiment_fields(checkpoint),
         "training_figures": {k: metrics.get(k) for k in
                              ("final_loss", "samples_per_second", "data_wait_share", "steps", "epochs",
                               "checkpoint_stall_s_total", "resumed_from_step", "monitor", "best_step",
@@ -135,6 +142,7 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
           if record["checkpoint"].get("tensorboard_uri") else []),
         LineageRow("code", f"git {record['code'].get('git_sha')} dirty={record['code'].get('dirty')}"),
         LineageRow("environment", f"python {record['environment']['python']}, torch {record['environment']['torch']}"),
+        *([LineageRow("training pods", pod_summary(record["pod"]))] if record.get("pod") else []),
         LineageRow("training", f"model={training['config'].get('model', {}).get('name')} seed={training['seed']} "
                                f"world_size={training['world_size']} backend={training['backend']}"),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
@@ -147,6 +155,7 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
                                           f"{figures.get('steps')} steps trained"
                                           f"{', stopped early' if figures.get('stopped_early') else ''})")]
           if figures.get("weights_from_step") is not None and figures.get("best_value") is not None else []),
+        *experiment_rows(record, LineageRow),
         LineageRow("test", metric_summary(test)),
         *([LineageRow("onnx", onnx_summary(record["serving"]["onnx"]))] if record.get("serving", {}).get("onnx") else []),
         LineageRow("quality gate", "passed" if record["quality_gate"]["passed"] else "FAILED"),
@@ -176,6 +185,21 @@ def metric_summary(metrics: Mapping) -> str:
     order = [k for k in _LEADING_METRICS if k in scalars] + sorted(k for k in scalars if k not in _LEADING_METRICS)
     text = " ".join(f"{k}={scalars[k]:.4f}" for k in order)
     return f"{text} (n={metrics.get('num_samples')})"
+
+
+def pod_summary(pod: Mapping) -> str:
+    """The training processes' own environment on one line: image (digest, the commit it was built
+    from), torch, CUDA and NCCL, GPU models and nodes."""
+    build = pod.get("build") or {}
+    digests = pod.get("image_digests") or []
+    image = pod.get("image") or "no image (local launch)"
+    if digests:
+        image += "@" + ",".join(digests)
+    built = (f" built from git {build.get('git_sha')} dirty={build.get('dirty')}" if build
+             else " (no build record)")
+    gpus = ", ".join(pod.get("gpus") or []) or "none (CPU)"
+    return (f"{image}{built}; torch {pod.get('torch')}, CUDA {pod.get('cuda')}, NCCL {pod.get('nccl')}; "
+            f"GPU {gpus}; nodes {', '.join(pod.get('nodes') or [])}")
 
 
 def onnx_summary(row: Mapping) -> str:

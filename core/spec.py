@@ -14,17 +14,14 @@ if TYPE_CHECKING:  # pandas is only named in annotations; image pool workers imp
     import pandas as pd
 
 from core.expectations import standard_raw_expectations, standard_shard_expectations
+from core.spec_fields import PipelineDefinitionError, fail
+from core.placement import Placement, placement_problems
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _LOCATION = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # Dagster code location names
 
 
-class PipelineDefinitionError(ValueError):
-    """A pipeline definition that cannot work, found when definitions load."""
-
-
-def _fail(pipeline: str, field_name: str, problem: str) -> None:
-    raise PipelineDefinitionError(f"pipeline {pipeline!r}, field {field_name!r}: {problem}")
+_fail = fail  # every field check raises PipelineDefinitionError("pipeline 'x', field 'y': ...")
 
 
 # The column of the raw Parquet copy that holds all features (assets/ingest.py)
@@ -115,6 +112,7 @@ class TextPreprocessing:
 
 TASKS = ("classification", "regression", "multilabel", "language_modeling")
 TABLE_TASKS = ("classification", "regression", "multilabel")
+EVALUATE_ON = ("step", "training")  # Recipe.evaluate_on
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +135,7 @@ class Recipe:
     checkpoint_every_steps: int = 50
     keep_last_checkpoints: int = 3
     async_checkpoint: bool = False
+    checkpoint_format: str = "auto"  # 'auto' (sharded under fsdp/hsdp), 'full' or 'sharded'
     max_restarts: int = 1
     gpus_per_node: int = 0
     gpu_resource_name: str = "nvidia.com/gpu"
@@ -152,6 +151,9 @@ class Recipe:
     monitor_mode: str | None = None  # "min" or "max" (None: the task's default for its metric)
     early_stopping_patience: int | None = None  # validations without improvement before stopping (None: never)
     keep_best: bool = True  # evaluate and register the best validation's weights, not the last
+    # Where the test/validation metrics are computed: "step" (the evaluation step, on CPU) or
+    # "training" (the training job's rank 0, on its GPU, after training; the step reuses them).
+    evaluate_on: str = "step"
     # Seeded image augmentation of the training split
     augment_padding: int = 0  # random crop from the image padded by this many pixels (0: none)
     augment_hflip: bool = False  # mirror half of the images
@@ -313,10 +315,12 @@ class PipelineSpec:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     train: str | None = None  # "package.module:function" run on every rank instead of the built-in loop
     recipe: Recipe = field(default_factory=Recipe)
+    placement: Placement = field(default_factory=Placement)  # where training pods run (core/placement.py)
     gate: QualityGate = field(default_factory=QualityGate)
     split: Split = field(default_factory=Split)
     feature_shape: tuple[int, ...] | None = None  # defaults to (len(feature_columns),)
     description: str = ""
+    sweep: Any = None  # a core.sweep.Sweep: search these settings for the best validation metric
     owner_fields_filled: bool = field(default=False, repr=False)  # set by sharing(), not by users
 
     def __post_init__(self) -> None:
@@ -529,6 +533,10 @@ class PipelineSpec:
         for fname, problem in pod_sizing_problems(cpu_per_gpu=r.cpu_per_gpu, memory_gib_per_gpu=r.memory_gib_per_gpu,
                                                   shm_gib_per_gpu=r.shm_gib_per_gpu):
             _fail(n, f"recipe.{fname}", problem)
+        for fname, problem in placement_problems(
+                self.placement, gpus_per_node=r.gpus_per_node, gpu_resource_name=r.gpu_resource_name,
+                cpu_per_gpu=r.cpu_per_gpu, memory_gib_per_gpu=r.memory_gib_per_gpu, shm_gib_per_gpu=r.shm_gib_per_gpu):
+            _fail(n, fname, problem)
         if not _NAME.fullmatch(self.team or ""):
             _fail(n, "team", "use lowercase letters, digits and '_'")
         if self.model is None:
@@ -536,6 +544,12 @@ class PipelineSpec:
                 _fail(n, "model", "a pipeline that trains on another pipeline's dataset needs a model")
         else:
             _check_model_name(n, self.model)
+        if self.sweep is not None:
+            from core.sweep import Sweep, check_sweep
+
+            if not isinstance(self.sweep, Sweep):
+                _fail(n, "sweep", f"{self.sweep!r} must be a Sweep (model_pipeline also takes a mapping)")
+            check_sweep(self)
         if self.triggers.cron is not None:
             from dagster._utils.schedules import is_valid_cron_string
 
@@ -564,6 +578,9 @@ class PipelineSpec:
                 _fail(n, f"recipe.{fname}", "must be at least 1 (or None)")
         if r.monitor_mode not in (None, "min", "max"):
             _fail(n, "recipe.monitor_mode", f"{r.monitor_mode!r}: use 'min', 'max' or None")
+        if r.evaluate_on not in EVALUATE_ON:
+            _fail(n, "recipe.evaluate_on", f"{r.evaluate_on!r}: use 'step' (the evaluation step, on CPU) or "
+                  "'training' (the training job, on its GPUs)")
         if r.augment_padding < 0:
             _fail(n, "recipe.augment_padding", "must be 0 or more")
         for fname in ("loader_threads", "prefetch_batches"):
@@ -676,6 +693,7 @@ def model_pipeline(
     team: str = "ml", description: str = "",
     preprocessing: ImagePreprocessing | TextPreprocessing | None = None, task: str = "classification",
     labels: Sequence[str] = (), target_range: tuple[float, float] | None = None, train: str | None = None,
+    placement: Placement | Mapping[str, Any] | None = None, sweep: Any = None,
 ) -> PipelineSpec:
     """Declare a model pipeline: raw_dataset -> shards -> checkpoint -> model_version.
 
@@ -690,7 +708,9 @@ def model_pipeline(
     ``task`` may also be ``"package.module:TaskClass"`` (your loss, metrics and predictions). A table's ``task`` is ``"classification"`` (``label`` and ``classes``), ``"regression"``
     (``label`` names a numeric column; ``target_range=(low, high)`` bounds it) or ``"multilabel"``
     (``labels`` names one 0/1 column per label). ``recipe``, ``gate``, ``triggers`` and ``split``
-    take the dataclasses or plain dicts of their fields. ``build_definitions`` turns the returned
+    take the dataclasses or plain dicts of their fields. ``sweep`` (a ``core.sweep.Sweep`` or its
+    fields as a dict) makes every training of the pipeline a search: Optuna trials, the best one
+    evaluated and registered. ``build_definitions`` turns the returned
     spec into assets with blocking Great Expectations checks, a training job, a schedule and a
     new-data sensor. Mistakes raise ``PipelineDefinitionError`` naming the pipeline and the field
     when definitions load.
@@ -712,7 +732,14 @@ def model_pipeline(
         feature_shape=tuple(feature_shape) if feature_shape else None, team=team, description=description,
         preprocessing=preprocessing, task=task, label_columns=tuple(labels),
         target_range=tuple(target_range) if isinstance(target_range, (list, tuple)) else target_range, train=train,
+        placement=_coerce(name, "placement", Placement, placement), sweep=_sweep(name, sweep),
     )
+
+
+def _sweep(pipeline: str, value: Any) -> Any:
+    from core.sweep import sweep_from
+
+    return sweep_from(pipeline, value)
 
 
 def _coerce(pipeline: str, field_name: str, cls: type, value: Any) -> Any:

@@ -11,6 +11,7 @@ import dagster as dg
 
 from core import lineage
 from core.datasets import plan_dataset_version, tag_published_dataset
+from core.overrides import apply_overrides
 from core.pinned_shards import read_pinned_shards
 from core.spec import PipelineSpec
 from core.versions import register_version
@@ -44,13 +45,18 @@ class Evaluated:
     resolved_config: dict
     files: dict[str, bytes]  # the version folder's files: weights, card, tokenizer, ONNX
     onnx: dict  # the export row: ok, max_abs_diff, tolerance, ... or the error that stopped it
+    evaluated_on: str  # where test and validation were computed: the training job's device, or here and why
     class_names: list[str] = field(default_factory=list)
     continuations: list[dict] = field(default_factory=list)
 
 
 def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -> Evaluated:
-    """Test and validation metrics of the checkpoint's model, read at pinned commits, its ONNX
-    export checked against PyTorch on test samples, and (language models) a few continuations."""
+    """Test and validation metrics of the checkpoint's model, read at pinned commits (those the
+    training job computed on its device when its evaluation.json is of these weights), its ONNX
+    export checked against PyTorch on test samples, and (language models) a few continuations.
+    The export, its check and the continuations always run here, on CPU: they read a few hundred
+    test samples, and serving runs the ONNX file on CPU too."""
+    from training_runtime.data import sha256_file
     from training_runtime.evaluate import evaluate
     from training_runtime.model_card import load_model
 
@@ -65,9 +71,13 @@ def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -
             shard_dir = shards["manifest_path"].rsplit("/", 1)[0] + "/"
             store.download(shards["commit_id"], shard_dir + TOKENIZER_FILE, out / TOKENIZER_FILE)
         loaded = load_model(out)
-        common = {"s3_endpoint_url": pinned.s3_endpoint_url, "loaded": loaded}
-        test = evaluate(out, pinned.manifest, pinned.locations, split="test", **common)
-        val = evaluate(out, pinned.manifest, pinned.locations, split="validation", **common)
+        from_pod, evaluated_on = training_job_metrics(store, checkpoint, sha256_file(out / "model.safetensors"))
+        if from_pod is not None:
+            test, val = from_pod["test"], from_pod["validation"]
+        else:
+            common = {"s3_endpoint_url": pinned.s3_endpoint_url, "loaded": loaded}
+            test = evaluate(out, pinned.manifest, pinned.locations, split="test", **common)
+            val = evaluate(out, pinned.manifest, pinned.locations, split="validation", **common)
         samples = test_inputs(pinned, loaded)
         onnx = export_row(loaded, samples, out / ONNX_FILE)
         continuations = []
@@ -79,7 +89,24 @@ def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -
                  if (out / name).is_file() and (name != ONNX_FILE or onnx.get("passed"))}
         resolved = json.loads((out / "resolved_config.json").read_text())
     return Evaluated(test=test, validation=val, resolved_config=resolved, files=files, onnx=onnx,
-                     class_names=list(loaded.card.get("class_names") or []), continuations=continuations)
+                     evaluated_on=evaluated_on, class_names=list(loaded.card.get("class_names") or []),
+                     continuations=continuations)
+
+
+def training_job_metrics(store: VersionedStore, checkpoint: dict, weights_sha256: str) -> tuple[dict | None, str]:
+    """The test and validation metrics the training job committed beside the weights (recipe
+    evaluate_on "training") when they are of the weights whose sha256 is given, else None; and why."""
+    from training_runtime.evaluate_after_training import EVALUATION_FILE, evaluation_for_weights
+
+    path = checkpoint["weights_path"].rsplit("/", 1)[0] + "/" + EVALUATION_FILE
+    record = None
+    if store.exists(checkpoint["commit_id"], path):
+        try:
+            record = json.loads(store.get_object(checkpoint["commit_id"], path))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} at commit {checkpoint['commit_id'][:12]} is not JSON ({exc}); re-run the "
+                             "training, or train with recipe evaluate_on 'step'") from exc
+    return evaluation_for_weights(record, weights_sha256)
 
 
 def test_inputs(pinned, loaded) -> dict:
@@ -125,6 +152,7 @@ def evaluate_and_register(
     checkpoint: dict, shards: dict, raw: dict, run_url: str,
 ) -> Outcome:
     ev = evaluate_checkpoint(store, checkpoint, shards)
+    context.log.info(f"Test and validation metrics: {ev.evaluated_on}")
     ckpt_dir = checkpoint["weights_path"].rsplit("/", 1)[0] + "/"
     metrics = json.loads(store.get_object(checkpoint["commit_id"], ckpt_dir + "metrics.json"))
     evaluation = {"test": ev.test, "validation": ev.validation}
@@ -170,7 +198,7 @@ def evaluate_and_register(
              "main_commit_id": reg.main_commit_id, "dataset_version": dataset_version}
     metadata = {
         "version": reg.version, "tag": reg.tag, "commit_id": reg.commit_id, "dataset_version": dataset_version,
-        **headline, "quality_gate": "passed", "task": committed[reg.version]["task"],
+        **headline, "quality_gate": "passed", "task": committed[reg.version]["task"], "evaluated_on": ev.evaluated_on,
         "onnx": lineage.onnx_summary(ev.onnx),
         "lineage": dg.MetadataValue.md(
             lineage.lineage_markdown(committed[reg.version] | {"version_commit": reg.commit_id})),
@@ -209,7 +237,9 @@ def build_evaluation_op(spec: PipelineSpec) -> dg.OpDefinition:
                    platform: PlatformSettings, store: VersionedStoreResource):
         s = store.get()
         branch = ensure_run_branch(s, context.run_id)
-        outcome = evaluate_and_register(context, spec, s, branch, checkpoint, shards, raw,
+        # The run's overrides (its gate among them) arrive with the checkpoint; checked when it trained.
+        run_spec = apply_overrides(spec, checkpoint.get("overrides"))
+        outcome = evaluate_and_register(context, run_spec, s, branch, checkpoint, shards, raw,
                                         platform.run_url(context.run_id))
         return dg.Output(outcome.value, data_version=dg.DataVersion(outcome.value["commit_id"]),
                          metadata=outcome.metadata)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -42,24 +43,38 @@ def runtime_config(
         # The hang watchdog prints every rank's stack before the process group's own timeout aborts.
         "guards": {"hang_timeout_s": min(300.0, r.collective_timeout_s / 2)},
         "checkpoint": {"dir": str(checkpoint_dir), "every_steps": r.checkpoint_every_steps,
-                       "keep_last": r.keep_last_checkpoints, "async_save": r.async_checkpoint},
+                       "keep_last": r.keep_last_checkpoints, "async_save": r.async_checkpoint,
+                       "format": r.checkpoint_format},
         "output_dir": str(output_dir),
+        # evaluate_on "training": rank 0 evaluates the written weights on its GPU and writes evaluation.json.
+        "evaluation": {"enabled": r.evaluate_on == "training"},
     }
 
 
 def training_job(spec: PipelineSpec, run_id: str, config: dict) -> TrainingJob:
-    r = spec.recipe
-    # Kubernetes object names: lowercase alphanumerics and '-', at most 63 characters.
-    name = re.sub(r"[^a-z0-9-]", "-", f"{spec.name}-{run_id[:8]}".lower())[:63].strip("-")
+    r, p = spec.recipe, spec.placement
+    # One Job per training: ``run_id`` is the root run (ops/runs.py root_run_id), so every retry of
+    # this asset's step names the same Job, which the launcher replaces before starting its own
+    # (resources/k8s/client.py replace_previous); the checkpoint directory's hash keeps apart
+    # trainings of one run that write to different directories. Kubernetes object names:
+    # lowercase alphanumerics and '-', at most 63 characters (45 + 1 + 8 + 1 + 8).
+    name = "-".join((re.sub(r"[^a-z0-9-]", "-", spec.name.lower())[:45].strip("-"), run_id[:8].lower(),
+                     hashlib.sha256(config["checkpoint"]["dir"].encode()).hexdigest()[:8]))
     return TrainingJob(
         name=name,
         config=config,
         nproc_per_node=r.gpus_per_node or r.world_size,
         nnodes=r.nnodes,
         max_restarts=r.max_restarts,
+        team=spec.team,
         gpu=GpuRequest(nodes=r.nnodes, gpus_per_node=r.gpus_per_node, resource_name=r.gpu_resource_name,
                        cpu_per_gpu=r.cpu_per_gpu, memory_gib_per_gpu=r.memory_gib_per_gpu,
-                       shm_gib_per_gpu=r.shm_gib_per_gpu),
+                       shm_gib_per_gpu=r.shm_gib_per_gpu,
+                       # Placement (validated when definitions load); the priority class, if the
+                       # pipeline names none, is chosen by the launcher from the run's origin.
+                       node_selector=dict(p.node_selector), tolerations=tuple(dict(t) for t in p.tolerations),
+                       affinity=p.affinity, priority_class=p.priority_class,
+                       cpu=p.cpu, memory=p.memory, shm_size=p.shm),
     )
 
 

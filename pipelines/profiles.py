@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import dagster as dg
 
@@ -33,6 +34,9 @@ class Profile:
     # Whether ALERT_WEBHOOK_ENV is set. Its value is read through EnvVar: a Slack webhook URL
     # carries a token, and the UI then shows the variable's name, never the URL.
     alert_webhook: bool = False
+    # GPUs in the instance's pool "gpu" when its dagster.yaml sets them (concurrency: pools:
+    # default_limit), else None: a sweep whose parallel trials need more is refused when definitions load.
+    gpu_pool: int | None = None
 
     @classmethod
     def from_environment(cls) -> "Profile":
@@ -40,13 +44,14 @@ class Profile:
         if name not in PROFILES:
             raise ValueError(f"PLATFORM_PROFILE={name!r} is not a profile; use one of {', '.join(PROFILES)}")
         alerts = bool(os.environ.get(ALERT_WEBHOOK_ENV))
+        home = Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home")
+        pool = instance_gpu_pool(home)
         if name == "kubernetes":
             # Checkpoints and outputs live on the shared volume every step and training pod mounts.
             return cls(name=name, data_root=Path(os.environ.get("MODEL_FACTORY_SHARED_MOUNT", "/mnt/training")),
-                       alert_webhook=alerts)
+                       alert_webhook=alerts, gpu_pool=pool)
         # Local state lives beside the Dagster instance, so a temporary DAGSTER_HOME isolates it too.
-        home = Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home")
-        return cls(name=name, data_root=home / "platform", alert_webhook=alerts)
+        return cls(name=name, data_root=home / "platform", alert_webhook=alerts, gpu_pool=pool)
 
     def alert_webhook_url(self) -> str | None:
         return dg.EnvVar(ALERT_WEBHOOK_ENV) if self.alert_webhook else None
@@ -60,7 +65,7 @@ class Profile:
                 "artifacts": ArtifactStoreResource(kind="local", local_root=str(self.data_root / "artifacts")),
                 "launcher": TrainingLauncherResource(kind="local", work_root=str(self.data_root / "launches")),
             }
-        return kubernetes_resources(self.data_root, self.alert_webhook_url())
+        return kubernetes_resources(self.data_root, self.alert_webhook_url(), environ=os.environ)
 
     def executor(self) -> dg.ExecutorDefinition:
         if self.name == "local":
@@ -79,9 +84,29 @@ class Profile:
         return self.resources()["store"].get()
 
 
-def kubernetes_resources(shared_root: Path, alert_webhook_url: str | None = None) -> dict[str, dg.ConfigurableResource]:
+def instance_gpu_pool(home: Path) -> int | None:
+    """``concurrency: pools: default_limit`` of the instance's dagster.yaml, if it sets one (the
+    limit `dagster instance concurrency set gpu N` stores in the database is not known here)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load((home / "dagster.yaml").read_text()) or {}
+    except FileNotFoundError:
+        return None
+    limit = ((config.get("concurrency") or {}).get("pools") or {}).get("default_limit")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
+def kubernetes_resources(shared_root: Path, alert_webhook_url: str | None = None, *,
+                         environ: Mapping[str, str]) -> dict[str, dg.ConfigurableResource]:
     """Production: lakeFS, S3, GPU pods; settings and secrets come from the deployment's env
-    (Secrets by reference, read through EnvVar so the UI shows names, never values)."""
+    (Secrets by reference, read through EnvVar so the UI shows names, never values).
+
+    The training launcher carries the chart ConfigMap's settings as `platform_settings(environ)`
+    reads them, the same call that shapes the step pods (Profile.executor): one configuration path
+    for step and training pods. A missing setting fails here, when definitions load."""
+    from resources.k8s.step_config import platform_environ
+
     return {
         "platform": PlatformSettings(data_root=str(shared_root), ui_url=dg.EnvVar("DAGSTER_UI_URL"),
                                      alert_webhook_url=alert_webhook_url),
@@ -92,7 +117,6 @@ def kubernetes_resources(shared_root: Path, alert_webhook_url: str | None = None
         ),
         "artifacts": ArtifactStoreResource(kind="s3", bucket=dg.EnvVar("ARTIFACT_BUCKET"), prefix="artifacts"),
         "launcher": TrainingLauncherResource(
-            kind="kubernetes", work_root=str(shared_root), namespace=dg.EnvVar("TRAINING_NAMESPACE"),
-            image=dg.EnvVar("TRAINING_IMAGE"),
+            kind="kubernetes", work_root=str(shared_root), cluster_settings=platform_environ(environ),
         ),
     }

@@ -100,9 +100,14 @@ class TrainingLauncherResource(dg.ConfigurableResource):
 
     kind: str = Field(default="local", description="'local' (torchrun subprocesses) or 'kubernetes'.")
     work_root: str = Field(description="Directory for launch configs (local) or the shared volume mount (k8s).")
-    namespace: str = Field(default="training", description="Kubernetes namespace for training pods.")
-    image: str | None = Field(default=None, description="Training image for Kubernetes pods.")
-    service_account: str | None = Field(default=None, description="Service account of training pods.")
+    # One configuration path: the same keys, read by the same platform_settings(), shape the step
+    # pods (pipelines/profiles.py's executor) and the training pods built here.
+    cluster_settings: dict[str, str] = Field(
+        default_factory=dict,
+        description="kind='kubernetes': the model-factory-platform ConfigMap's settings (TRAINING_NAMESPACE, "
+                    "TRAINING_IMAGE, MODEL_FACTORY_*) that resources.k8s.step_config.platform_settings reads; "
+                    "Secret names only, never credentials.")
+    image: str | None = Field(default=None, description="Training image; None: cluster_settings' TRAINING_IMAGE.")
 
     def get(self) -> TrainingLauncher:
         if self.kind == "local":
@@ -110,12 +115,17 @@ class TrainingLauncherResource(dg.ConfigurableResource):
 
             return LocalTorchrunLauncher(Path(self.work_root))
         if self.kind == "kubernetes":
-            from resources.k8s.launcher import KubernetesTrainingLauncher
+            from resources.k8s.launcher import KubernetesTrainingLauncher, launcher_kwargs
+            from resources.k8s.step_config import ENV_SHARED_MOUNT, platform_settings
 
-            return KubernetesTrainingLauncher.from_settings(
-                namespace=self.namespace, image=self.image, service_account=self.service_account,
-                work_root=self.work_root,
-            )
+            settings = platform_settings(self.cluster_settings, image=self.image)
+            if settings.shared_mount_path.rstrip("/") != self.work_root.rstrip("/"):
+                raise dg.DagsterInvariantViolationError(
+                    f"TrainingLauncherResource: work_root {self.work_root!r} is not the shared volume's mount "
+                    f"path {settings.shared_mount_path!r} ({ENV_SHARED_MOUNT}); checkpoints written there would "
+                    "not reach the training pods. Build the resource with pipelines.profiles.kubernetes_resources."
+                )
+            return KubernetesTrainingLauncher(**launcher_kwargs(settings))
         raise dg.DagsterInvariantViolationError(
             f"TrainingLauncherResource: unknown kind {self.kind!r}; use 'local' or 'kubernetes'"
         )

@@ -1,7 +1,10 @@
 # Code location image: the Dagster definitions (pipelines/, assets/, resources/, ops/) served by
 # `dagster api grpc -m pipelines.definitions`, also used for run and step pods. Build from the
-# repository root:
-#   docker build -f helm/images/code-location.Dockerfile -t <registry>/code-location:<sha> .
+# repository root, at the commit the training image is built from:
+#   docker build $(python -m core.code_version --build-args) \
+#     -f helm/images/code-location.Dockerfile -t <registry>/code-location:<sha> .
+# The image has no .git: core.code_version reads the GIT_SHA/GIT_DIRTY recorded in BUILD.json,
+# and the launcher passes that version to the training pods, which compare it with theirs.
 # Steps only orchestrate (training runs in the training image), so torch is the CPU build.
 ARG PYTHON_BASE=python:3.11-slim-bookworm
 FROM ${PYTHON_BASE}
@@ -20,6 +23,8 @@ COPY pipelines/ ./pipelines/
 COPY assets/ ./assets/
 COPY resources/ ./resources/
 COPY ops/ ./ops/
+COPY core/ ./core/
+COPY teams/ ./teams/
 COPY training_runtime/ ./training_runtime/
 # The run and step pods run as 1000:1000 (resources/k8s/step_config.py). Debian's slim base has
 # no user at 1000 today; the script replaces one should a future base bring it, as Ubuntu's does.
@@ -27,6 +32,15 @@ COPY helm/images/runtime-user.sh /usr/local/sbin/runtime-user.sh
 RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
  && sh /usr/local/sbin/runtime-user.sh --create-home dagster 1000 \
  && mkdir -p "${DAGSTER_HOME}" && chown 1000:1000 "${DAGSTER_HOME}"
+
+# The code version, last (see the top); where core.code_version looks when git is absent.
+ARG GIT_SHA
+ARG GIT_DIRTY
+ENV MODEL_FACTORY_BUILD_INFO=/opt/model-factory/BUILD.json
+RUN python -m training_runtime.build_info --git-sha "${GIT_SHA}" --dirty "${GIT_DIRTY}" \
+      --out /opt/model-factory/BUILD.json
+LABEL org.opencontainers.image.revision="${GIT_SHA}" \
+      io.model-factory.git-dirty="${GIT_DIRTY}"
 
 USER 1000:1000
 EXPOSE 3030

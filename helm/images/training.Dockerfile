@@ -1,6 +1,13 @@
-# Training image: plain PyTorch + the runtime's few dependencies, no Dagster (the runtime talks to
-# the orchestrator only through dagster-pipes on stderr). Build from the repository root:
-#   docker build -f helm/images/training.Dockerfile -t <registry>/training:<sha> .
+# Training image: plain PyTorch + the runtime's few dependencies + the teams' training code, no
+# Dagster (the runtime talks to the orchestrator only through dagster-pipes on stderr). Build from
+# the repository root, at the commit the code location is built from:
+#   docker build $(python -m core.code_version --build-args) \
+#     -f helm/images/training.Dockerfile -t <registry>/training:<sha> .
+# GIT_SHA and GIT_DIRTY are recorded in /opt/model-factory/BUILD.json and the image's labels; each
+# training pod compares them with the orchestrator's code version before it starts
+# (training_runtime/build_info.py), so a stale image fails at once instead of training other code.
+# USER_CODE is the package of user code (models, tasks, training functions named "pkg.module:fn")
+# copied beside training_runtime/; it must import without Dagster. The default ships teams/.
 #
 # The base is nvidia/cuda's *base* flavour (the CUDA runtime, cudart, alone) on purpose, not
 # `cudnn-runtime`: the torch CUDA wheels depend on their own CUDA libraries, cuDNN and NCCL as
@@ -48,6 +55,18 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
 WORKDIR /opt/model-factory
 COPY training_runtime/ ./training_runtime/
 ENV PYTHONPATH=/opt/model-factory
+
+# After the dependencies, so a code change rebuilds only small layers. No defaults for the version:
+# an image that does not say what it was built from could never pass the pods' code-version check.
+ARG USER_CODE=teams
+ARG GIT_SHA
+ARG GIT_DIRTY
+COPY ${USER_CODE}/ ./${USER_CODE}/
+RUN python -m training_runtime.build_info --git-sha "${GIT_SHA}" --dirty "${GIT_DIRTY}" \
+      --user-code "${USER_CODE}" --out /opt/model-factory/BUILD.json
+LABEL org.opencontainers.image.revision="${GIT_SHA}" \
+      io.model-factory.git-dirty="${GIT_DIRTY}" \
+      io.model-factory.user-code="${USER_CODE}"
 
 # Matches the pods' securityContext (runAsUser/runAsGroup 1000, read-only root filesystem: HOME
 # and caches point at the /tmp emptyDir the manifest mounts). The base's own user at 1000

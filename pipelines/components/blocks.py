@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import dagster as dg
 from pydantic import Field, PrivateAttr, TypeAdapter, ValidationError
 
+from core.placement import Placement
 from core.spec import (
     PipelineDefinitionError,
     PipelineSpec,
@@ -42,8 +43,16 @@ _YAML_KEY_OF_SPEC_FIELD = {"feature_columns": "features", "label_column": "label
 _RECIPE_HELP = ("Training recipe: epochs, batch_size (global), lr, optimizer, weight_decay, lr_schedule, "
                 "warmup_steps, grad_accum_steps, seed, world_size (processes per node), nnodes, sharding, "
                 "precision, checkpoint_every_steps, keep_last_checkpoints, async_checkpoint, max_restarts. "
-                "Placement: gpus_per_node, nnodes and gpu_resource_name are all the spec says about where "
-                "training runs; node selectors, tolerations or priority classes are not in the spec yet.")
+                "GPUs: gpus_per_node, nnodes, gpu_resource_name (a MIG profile such as nvidia.com/mig-1g.10gb); "
+                "where the pods run is the placement section.")
+_SWEEP_HELP = ("A search run whenever the pipeline trains (core/sweep.py): space (train.<field> or "
+               "model.<kwarg>: a list of values, or {low, high, log, integer, step}), objective (a validation "
+               "metric), direction, trials, parallelism, sampler (tpe, random, grid), pruner (median, "
+               "successive_halving, none). The best trial is evaluated and registered.")
+_PLACEMENT_HELP = ("Where training pods run on Kubernetes (core/placement.py): node_selector, tolerations, "
+                   "affinity (as in a pod spec), priority_class (default: the chart's training class for "
+                   "scheduled and new-data runs, its ad-hoc class otherwise), cpu, memory, shm (fixed pod "
+                   "sizes, e.g. for CPU-only pods).")
 
 
 def _field_error(pipeline: str, field_name: str, problem: str) -> PipelineDefinitionError:
@@ -238,6 +247,8 @@ class TrainingBlock(Block):
     model_name: str = Field(description="Registry name (mlp, cnn, transformer) or 'package.module:factory'.")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Model constructor arguments.")
     recipe: dict[str, Any] = Field(default_factory=dict, description=_RECIPE_HELP)
+    placement: dict[str, Any] = Field(default_factory=dict, description=_PLACEMENT_HELP)
+    sweep: dict[str, Any] | None = Field(default=None, description=_SWEEP_HELP)
     gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate: bounds on evaluation metrics, "
                                  "e.g. test_accuracy: {min: 0.9} or test_perplexity: {max: 12}.")
     task: str = Field(default="classification", description="What the model learns: classification, regression, "
@@ -264,7 +275,8 @@ class TrainingBlock(Block):
             n, dataset=self.dataset, dataset_location=self.dataset_location, dataset_version=self.dataset_version,
             model=self.model_name, model_kwargs=self.model_kwargs, recipe=_section(n, "recipe", Recipe, self.recipe),
             gate=gate_from(n, self.gate), triggers=_section(n, "triggers", Triggers, self.triggers),
-            team=self.team, description=self.description, task=self.task, train=self.train)
+            team=self.team, description=self.description, task=self.task, train=self.train,
+            placement=_section(n, "placement", Placement, self.placement), sweep=self.sweep)
 
 
 @dg.scaffold_with(BlockScaffolder)
@@ -284,6 +296,8 @@ class ModelPipelineComponent(Block):
     model_name: str = Field(default="mlp", description="Registry name (mlp, cnn, transformer) or import path.")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Model constructor arguments.")
     recipe: dict[str, Any] = Field(default_factory=dict, description=_RECIPE_HELP)
+    placement: dict[str, Any] = Field(default_factory=dict, description=_PLACEMENT_HELP)
+    sweep: dict[str, Any] | None = Field(default=None, description=_SWEEP_HELP)
     gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate: bounds on evaluation metrics, "
                                  "e.g. test_accuracy: {min: 0.9}.")
     task: str = Field(default="classification", description="classification, regression or multilabel.")
@@ -311,6 +325,7 @@ class ModelPipelineComponent(Block):
             recipe=_section(n, "recipe", Recipe, self.recipe), gate=gate_from(n, self.gate),
             triggers=_section(n, "triggers", Triggers, self.triggers),
             split=_section(n, "split", Split, self.split), team=self.team, description=self.description,
-            task=self.task, train=self.train)
+            task=self.task, train=self.train, placement=_section(n, "placement", Placement, self.placement),
+            sweep=self.sweep)
 
 

@@ -56,9 +56,22 @@ attributes:
   # model_kwargs: {}  # model constructor arguments, e.g. {hidden_sizes: [128, 64]}
   # task: classification  # the dataset's task; or 'package.module:TaskClass' (your loss, metrics, predictions)
   # train: null  # 'package.module:function' run on every rank with a TrainingContext instead of the built-in loop
-  # recipe:  # how to train. Placement: gpus_per_node, nnodes and gpu_resource_name are all the
-  #          # spec says about where training runs (no node selectors or tolerations yet).
+  # recipe:  # how to train; GPUs: gpus_per_node, nnodes, gpu_resource_name (or a MIG profile)
 $recipe
+  # placement:  # where training pods run on Kubernetes (core/placement.py)
+  #   node_selector: {}  # e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
+  #   tolerations: []  # e.g. [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+  #   affinity: null  # a pod affinity, as in a pod spec
+  #   priority_class: null  # default: the chart's training class for scheduled/new-data runs, ad-hoc otherwise
+  #   cpu: null  # fixed pod sizes instead of the recipe's per-GPU ones (CPU-only pods), e.g. '4', '16Gi', '2Gi'
+  #   memory: null
+  #   shm: null
+  # sweep:  # every training becomes an Optuna search; the best trial is registered (core/sweep.py)
+  #   space: {train.lr: {low: 0.0001, high: 0.1, log: true}, model.hidden_sizes: [[64], [128]]}
+  #   objective: loss  # a validation metric of the task
+  #   trials: 8
+  #   parallelism: 2  # trials at a time (each holds its GPUs)
+  #   pruner: median  # median, successive_halving or none; sampler: tpe, random or grid
   # gate:  # a model version reaches main only when it meets these; any metric as <split>_<metric>: {min/max}
   #   test_accuracy: {min: 0.9}
 $gate
@@ -87,8 +100,11 @@ attributes:
   # model_kwargs: {}  # model constructor arguments
   # task: classification  # or regression (label: a numeric column) or multilabel
   # train: null  # 'package.module:function': your own training loop, run on every rank
-  # recipe:  # how to train (placement: gpus_per_node, nnodes, gpu_resource_name only)
+  # recipe:  # how to train; GPUs: gpus_per_node, nnodes, gpu_resource_name (or a MIG profile)
 $recipe
+  # placement:  # where training pods run on Kubernetes: node_selector, tolerations, affinity,
+  #             # priority_class, cpu, memory, shm (core/placement.py)
+  # sweep:  # an Optuna search at every training (core/sweep.py): space, objective, trials, parallelism
   # gate:
 $gate
   # split:

@@ -22,7 +22,8 @@ from resources.k8s.feasibility import (
     pods_not_started,
     terminal_waiting_reason,
 )
-from resources.k8s.manifests import INDEX_ANNOTATION, JOB_LABEL
+from resources.k8s.kueue import is_suspended
+from resources.k8s.manifests import INDEX_ANNOTATION, JOB_LABEL, TRAINER_CONTAINER
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class TrainingJobClient:
         *,
         poll_interval_s: float = 5.0,
         pending_timeout_s: float = 600.0,
+        deletion_timeout_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
@@ -46,6 +48,7 @@ class TrainingJobClient:
         self.core_api = core_api
         self.poll_interval_s = poll_interval_s
         self.pending_timeout_s = pending_timeout_s
+        self.deletion_timeout_s = deletion_timeout_s
         self._clock = clock
         self._sleep = sleep
 
@@ -62,6 +65,63 @@ class TrainingJobClient:
                 ) from exc
             raise
 
+    def replace_previous(self, name: str, namespace: str, *, say: Callable[[str], None] | None = None) -> bool:
+        """Make sure no Job of this name, and none of its pods, exists; True when one had to go.
+
+        The Job name is fixed per training (root run and asset, ops/training_config.py), so a Job
+        found here is an earlier attempt's on the same checkpoint directory: a step pod killed
+        before its `finally` ran, or a re-executed run. We replace it rather than adopt it:
+        adopting would watch pods started with the earlier attempt's config (a retry may carry new
+        overrides or a fixed image) and report through the earlier attempt's Pipes session, whose
+        messages this step cannot read; replacing loses at most the steps since the last
+        checkpoint, because the new pods resume from it. Foreground deletion removes the pods
+        before the Job, and we wait until both are gone (a terminating pod may still be writing a
+        checkpoint) so two Jobs never run on one checkpoint directory."""
+        found = self._job_exists(name, namespace)
+        if found:
+            (say or log.info)(f"Job {namespace}/{name} of an earlier attempt exists: deleting it and its pods "
+                              "before this attempt starts (it resumes from the same checkpoints)")
+            self._delete_ignoring_absent(
+                self.batch_api.delete_namespaced_job, name, namespace, propagation_policy="Foreground"
+            )
+        # Also when the Job object is gone: its pods may still be terminating.
+        deadline = self._clock() + self.deletion_timeout_s
+        removed = found
+        while True:
+            job_left = self._job_exists(name, namespace)
+            pods_left = [p.metadata.name for p in self.pods(name, namespace)]
+            removed = removed or bool(pods_left)
+            if not job_left and not pods_left:
+                return removed
+            if self._clock() >= deadline:
+                raise TimeoutError(
+                    f"Job {namespace}/{name} of an earlier attempt is still being deleted after "
+                    f"{self.deletion_timeout_s:.0f}s (pods left: {pods_left or 'none'}); starting "
+                    "another would run two trainings on one checkpoint directory. Fix: see "
+                    f"`kubectl -n {namespace} describe job {name}` (a finalizer or a stuck node), "
+                    "delete it, then retry the step."
+                )
+            self._sleep(self.poll_interval_s)
+
+    def _job_exists(self, name: str, namespace: str) -> bool:
+        try:
+            self.batch_api.read_namespaced_job_status(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def image_ids(self, name: str, namespace: str) -> dict[str, str]:
+        """The trainer container's imageID per pod (the digest the node actually ran), for pods
+        whose container has started."""
+        ids: dict[str, str] = {}
+        for pod in self.pods(name, namespace):
+            for status in (pod.status.container_statuses or []) if pod.status else []:
+                if status.name == TRAINER_CONTAINER and status.image_id:
+                    ids[pod.metadata.name] = status.image_id
+        return ids
+
     @contextmanager
     def launched(
         self, manifests: Sequence[dict[str, Any]], *, before_delete: Callable[[str], None] | None = None
@@ -75,7 +135,16 @@ class TrainingJobClient:
         exist; the Job is deleted even when it raises."""
         job = manifests[0]
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
-        created = self.batch_api.create_namespaced_job(namespace, job)
+        try:
+            created = self.batch_api.create_namespaced_job(namespace, job)
+        except ApiException as exc:
+            if exc.status == 409:
+                # Another attempt created it between replace_previous and here: never run both.
+                raise RuntimeError(
+                    f"Job {namespace}/{name} already exists: another attempt of this training started "
+                    "at the same time. Fix: let one attempt finish (or cancel it), then retry."
+                ) from exc
+            raise
         services: list[str] = []
         try:
             for service in manifests[1:]:
@@ -161,9 +230,16 @@ class TrainingJobClient:
         deadline = self._clock() + self.pending_timeout_s
         while True:
             pods = self.pods(name, namespace)
-            outcome = job_outcome(self.batch_api.read_namespaced_job_status(name, namespace).status)
+            current = self.batch_api.read_namespaced_job_status(name, namespace)
+            outcome = job_outcome(current.status)
             if outcome != "running":
                 return pods
+            if is_suspended(current):
+                # Waiting in its Kueue queue for quota, which may take hours and is no scheduling
+                # problem: the Pending timeout counts from admission (Kueue unsuspends the Job).
+                deadline = self._clock() + self.pending_timeout_s
+                self._sleep(self.poll_interval_s)
+                continue
             pending = pods_not_started(pods)
             for pod in pending:
                 reason = terminal_waiting_reason(pod)

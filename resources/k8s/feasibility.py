@@ -69,6 +69,57 @@ def tolerates(tolerations: Sequence[Any], taint: Any) -> bool:
     return False
 
 
+def _requirement_holds(req: Mapping[str, Any], labels: Mapping[str, str], name: str, field: bool) -> bool:
+    """One nodeSelectorRequirement (matchExpressions on labels, matchFields on metadata.name)."""
+    key, op, values = req.get("key"), req.get("operator"), [str(v) for v in req.get("values") or []]
+    have = ({"metadata.name": name}.get(key) if field else labels.get(key))
+    if op == "In":
+        return have is not None and have in values
+    if op == "NotIn":
+        return have is None or have not in values
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt"):
+        try:
+            number, bound = int(have), int(values[0])
+        except (TypeError, ValueError, IndexError):
+            return False  # the scheduler too treats a non-integer label as not matching
+        return number > bound if op == "Gt" else number < bound
+    raise ValueError(f"nodeAffinity operator {op!r} is not one the scheduler knows")
+
+
+def _shown(req: Mapping[str, Any]) -> str:
+    values = req.get("values")
+    return f"{req.get('key')} {req.get('operator')}" + (f" {list(values)}" if values else "")
+
+
+def _required_terms(affinity: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    node = (affinity or {}).get("nodeAffinity") or {}
+    return (node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+
+
+def required_affinity_misses(affinity: Mapping[str, Any] | None, node: V1Node) -> list[str]:
+    """Why `node` fails the pod's required node affinity (empty: it passes). Terms are ORed, the
+    requirements of one term ANDed, as the scheduler does; pod (anti-)affinity depends on the pods
+    running at the time, so it is left to the scheduler."""
+    terms = _required_terms(affinity)
+    if not terms:
+        return []
+    labels = node.metadata.labels or {}
+    misses = []
+    for i, term in enumerate(terms):
+        failed = [_shown(r) for r in term.get("matchExpressions") or []
+                  if not _requirement_holds(r, labels, node.metadata.name, field=False)]
+        failed += [_shown(r) for r in term.get("matchFields") or []
+                   if not _requirement_holds(r, labels, node.metadata.name, field=True)]
+        if not failed:
+            return []
+        misses.append(f"term {i}: " + ", ".join(failed))
+    return [f"required nodeAffinity not met ({'; '.join(misses)})"]
+
+
 def _quantity(value: Any) -> Decimal:
     return parse_quantity(value) if value is not None else Decimal(0)
 
@@ -84,6 +135,7 @@ def judge_node(gpu: GpuRequest, node: V1Node, extra: Mapping[str, str] | None = 
     for key, value in gpu.node_selector.items():
         if labels.get(key) != value:
             reasons.append(f"label {key}={labels.get(key)!r}, selector wants {value!r}")
+    reasons += required_affinity_misses(gpu.affinity, node)
     for taint in (node.spec.taints if node.spec else None) or []:
         # PreferNoSchedule only steers the scheduler; it never blocks.
         if taint.effect in ("NoSchedule", "NoExecute") and not tolerates(gpu.tolerations, taint):
@@ -133,6 +185,7 @@ def check_feasibility(
         f"GPU request can never be scheduled: {gpu.nodes} pod(s) needed, each with "
         f"{want}cpu {gpu.cpu_request}, memory {gpu.memory_request}"
         + (f", nodeSelector {dict(gpu.node_selector)}" if gpu.node_selector else "")
+        + (", a required nodeAffinity" if _required_terms(gpu.affinity) else "")
         + f"; {len(fitting)} of {len(nodes)} node(s) qualify"
         + f" with room for {sum(v.pods for v in verdicts)} pod(s)"
         + (f" ({', '.join(fitting)})" if fitting else "")
@@ -152,7 +205,7 @@ def check_feasibility(
     lines.append(
         "Fix: lower gpu.gpus_per_node / gpu.nodes, pick a resource_name listed above (a MIG "
         "profile such as nvidia.com/mig-1g.10gb for small jobs), add the tolerations for the "
-        "GPU nodes' taints, or correct gpu.node_selector. A pod's cpu and memory grow with its "
+        "GPU nodes' taints, or correct gpu.node_selector / affinity (the pipeline's placement). A pod's cpu and memory grow with its "
         "GPUs: lower the recipe's cpu_per_gpu / memory_gib_per_gpu for smaller nodes."
         + (" The RDMA device comes from the chart's training.rdma settings: check its "
            "resourceName against the nodes' Allocatable, or turn the profile off."

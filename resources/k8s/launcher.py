@@ -9,6 +9,7 @@ need the scheduler's reason after a configurable time.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -23,6 +24,7 @@ from pydantic import Field
 from resources.k8s.client import TrainingJobClient
 from resources.k8s.fabric import rdma_profile, rdma_settings
 from resources.k8s.feasibility import check_feasibility
+from resources.k8s.kueue import kueue_keys, kueue_settings, scheduler_name
 from resources.k8s.manifests import (
     PodSettings,
     build_manifests,
@@ -31,11 +33,14 @@ from resources.k8s.manifests import (
     config_path,
     rdma_for,
     validate_job,
+    with_run_priority,
 )
-from resources.k8s.step_config import s3_secret_env
+from resources.k8s.step_config import lakefs_secret_env, s3_secret_env
 from resources.launch.base import TrainingJob, TrainingLauncher
 from resources.launch.live_telemetry import ForwardsTrainingMessages
 from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
+from training_runtime.atomic_files import atomic_write_bytes
+from training_runtime.build_info import EXPECTED_CODE_VERSION_ENV
 
 
 class LivePodLogsMessageReader(ForwardsTrainingMessages, PipesK8sPodLogsMessageReader):
@@ -49,27 +54,36 @@ def run_training_job(
     settings: PodSettings,
     *,
     check_nodes: bool = True,
+    expected_code_version: Mapping[str, Any] | None = None,
 ) -> dg.PipesClientCompletedInvocation:
-    """Validate, check feasibility, write the config, run the Job under a Pipes session."""
+    """Validate, check feasibility, replace an earlier attempt's Job, write the config, run the
+    Job under a Pipes session. ``expected_code_version`` (core.code_version's dict) goes to the
+    pods, which fail unless their image's BUILD.json records the same; None: no check."""
     validate_job(job)
     check_paths_on_shared_volume(job.config, settings)
     if check_nodes:
         rdma = rdma_for(job, settings)
         fitting = check_feasibility(job.gpu, client.list_nodes(), rdma.resources() if rdma else None)
         context.log.info(f"{len(fitting)} node(s) can hold a pod of {job.name}")
+    namespace = settings.namespace
+    # Before this attempt writes anything: an earlier attempt's Job (same name, same checkpoint
+    # directory) is deleted and its pods waited out; see TrainingJobClient.replace_previous.
+    client.replace_previous(job.name, namespace, say=context.log.warning)
     path = Path(config_path(job, settings))
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written through the step pod's mount of the same PVC the training pods mount.
     path.write_text(config_json(job.config))
     reader = LivePodLogsMessageReader(context=context)
-    namespace = settings.namespace
     with open_pipes_session(
         context=context,
         context_injector=PipesEnvContextInjector(),
         message_reader=reader,
         extras={"training_job": job.name, "nnodes": job.nnodes},
     ) as session:
-        manifests = build_manifests(job, settings, session.get_bootstrap_env_vars())
+        env = dict(session.get_bootstrap_env_vars())
+        if expected_code_version is not None:
+            env[EXPECTED_CODE_VERSION_ENV] = json.dumps(dict(expected_code_version), sort_keys=True)
+        manifests = build_manifests(job, settings, env)
         keep_logs = pod_log_keeper(context, client, namespace, pod_log_root(job, settings))
         with client.launched(manifests, before_delete=keep_logs) as name:
             context.log.info(
@@ -87,7 +101,41 @@ def run_training_job(
                 namespace=namespace,
             )
             client.wait_finished(name, namespace)
+            # While the pods exist: their status has the digest each node ran.
+            record_image_digests(context, client.image_ids(name, namespace), Path(job.config["output_dir"]))
     return dg.PipesClientCompletedInvocation(session)
+
+
+def image_digest(image_id: str) -> str:
+    """``sha256:...`` of a container status imageID (``docker-pullable://reg/img@sha256:...``,
+    ``reg/img@sha256:...`` or a bare ``sha256:...``, as container runtimes differ)."""
+    _, at, digest = image_id.rpartition("@")
+    digest = digest if at else image_id.rpartition("://")[2]
+    if not digest.startswith("sha256:"):
+        raise ValueError(f"container imageID {image_id!r} carries no sha256 digest")
+    return digest
+
+
+def record_image_digests(
+    context: dg.AssetExecutionContext | dg.OpExecutionContext, image_ids: Mapping[str, str], output_dir: Path
+) -> None:
+    """Add the digests the pods ran to resolved_config.json's ``pod`` section. Only the pod status
+    knows them (a container cannot see its own digest); a tag that moved between two nodes' pulls
+    shows as two digests, and a warning."""
+    resolved_path = output_dir / "resolved_config.json"
+    if not resolved_path.exists():
+        return  # the training wrote no outputs: the step's own check fails it and says so
+    resolved = json.loads(resolved_path.read_text())
+    if "pod" not in resolved:
+        raise RuntimeError(f"{resolved_path} has no 'pod' section: the training image predates pod lineage; "
+                           "rebuild it from helm/images/training.Dockerfile")
+    digests = sorted({image_digest(i) for i in image_ids.values()})
+    if len(digests) > 1:
+        context.log.warning(f"the training pods ran different images {digests} under one tag: pin the "
+                            "image by digest or use immutable tags")
+    resolved["pod"]["image_digests"] = digests
+    # Atomic and durable, as the runtime writes it: the step reads it right after.
+    atomic_write_bytes(resolved_path, (json.dumps(resolved, indent=2, sort_keys=True) + "\n").encode())
 
 
 def pod_log_root(job: TrainingJob, settings: PodSettings) -> Path:
@@ -154,6 +202,11 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         default=600.0, description="Fail when a pod is still Pending after this many seconds."
     )
     poll_interval_s: float = Field(default=5.0)
+    deletion_timeout_s: float = Field(
+        default=300.0,
+        description="How long a retry waits for an earlier attempt's Job and pods to be deleted before "
+        "it fails (it never starts a second Job on the same checkpoints).",
+    )
     ttl_seconds_after_finished: int = Field(default=3600)
     check_feasibility: bool = Field(
         default=True, description="List nodes and fail at once if the GPU request cannot fit."
@@ -166,6 +219,26 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         default_factory=dict,
         description="The MODEL_FACTORY_RDMA_* keys of the model-factory chart's ConfigMap (its "
         "training.rdma values): NCCL over InfiniBand/RoCE for multi-node Jobs. Empty: TCP.",
+    )
+    lakefs_secret: str | None = Field(
+        default="model-factory-lakefs",
+        description="Secret with LAKEFS_ACCESS_KEY_ID / LAKEFS_SECRET_ACCESS_KEY (the chart's "
+        "secrets.lakefs.name): pods reading shards through lakeFS's S3 gateway use these keys.",
+    )
+    training_priority_class: str | None = Field(
+        default=None, description="PriorityClass of scheduled and new-data runs' pods (chart: priorityClasses.training)."
+    )
+    adhoc_priority_class: str | None = Field(
+        default=None, description="PriorityClass of ad-hoc runs' pods (chart: priorityClasses.adhoc)."
+    )
+
+    kueue: dict[str, str] = Field(
+        default_factory=dict,
+        description="The MODEL_FACTORY_KUEUE_* and priority-class keys of the model-factory chart's "
+        "ConfigMap (its kueue values): Jobs start suspended in the team's Kueue LocalQueue. Empty: off.",
+    )
+    scheduler_name: str | None = Field(
+        default=None, description="The chart's bin-packing scheduler (binPackingScheduler); None: the default."
     )
 
     @classmethod
@@ -193,7 +266,9 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
             image=image,
             shared_mount_path=work_root,
             service_account=service_account or "model-factory-training",
-            **{"rdma": rdma_settings(os.environ if environ is None else environ), **overrides},
+            **{"rdma": rdma_settings(os.environ if environ is None else environ),
+               "kueue": kueue_keys(os.environ if environ is None else environ),
+               "scheduler_name": scheduler_name(os.environ if environ is None else environ), **overrides},
         )
 
     def pod_settings(self) -> PodSettings:
@@ -208,6 +283,11 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
             cluster_domain=self.cluster_domain,
             ttl_seconds_after_finished=self.ttl_seconds_after_finished,
             rdma=rdma_profile(self.rdma),
+            kueue=kueue_settings(self.kueue),
+            scheduler_name=self.scheduler_name,
+            training_priority_class=self.training_priority_class,
+            adhoc_priority_class=self.adhoc_priority_class,
+            lakefs_secret_env=lakefs_secret_env(self.lakefs_secret) if self.lakefs_secret else (),
         )
 
     def _client(self) -> TrainingJobClient:
@@ -225,6 +305,7 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
             k8s_client.CoreV1Api(),
             poll_interval_s=self.poll_interval_s,
             pending_timeout_s=self.pending_timeout_s,
+            deletion_timeout_s=self.deletion_timeout_s,
         )
 
     def log_dir(self, job: TrainingJob) -> Path:
@@ -236,9 +317,11 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
         return run_training_job(
             context,
             self._client(),
-            job,
+            # The run's origin (schedule, sensor or by hand) picks the chart's priority class.
+            with_run_priority(job, self.pod_settings(), context.run.tags),
             self.pod_settings(),
             check_nodes=self.check_feasibility,
+            expected_code_version=job.code_version,
         )
 
 
@@ -255,4 +338,9 @@ def launcher_kwargs(settings: PodSettings) -> dict[str, Any]:
         "image_pull_secrets": list(settings.image_pull_secrets),
         "cluster_domain": settings.cluster_domain,
         "rdma": settings.rdma.to_environ() if settings.rdma else {},
+        "kueue": settings.kueue.to_environ() if settings.kueue else {},
+        "scheduler_name": settings.scheduler_name,
+        "lakefs_secret": next(iter({s.secret for s in settings.lakefs_secret_env}), None),
+        "training_priority_class": settings.training_priority_class,
+        "adhoc_priority_class": settings.adhoc_priority_class,
     }

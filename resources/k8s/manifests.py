@@ -19,10 +19,11 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from resources.k8s.fabric import RdmaProfile
+from resources.k8s.kueue import KueueSettings, queue_labels, queued_job
 from resources.launch.base import GpuRequest, TrainingJob
 
 # Max length of a Job name: pod hostnames are `<job>-<index>` and must stay a DNS label (63);
@@ -77,6 +78,68 @@ class PodSettings:
     labels: Mapping[str, str] = field(default_factory=dict)
     # NCCL over InfiniBand/RoCE for multi-node Jobs (resources/k8s/fabric.py); None: TCP on the pod network.
     rdma: RdmaProfile | None = None
+    # The chart's PriorityClasses (helm/model-factory priorityClasses): scheduled and new-data runs
+    # take the first, runs started by hand the second, unless the pipeline's placement names one.
+    training_priority_class: str | None = None
+    adhoc_priority_class: str | None = None
+    # The lakeFS credentials Secret (chart value secrets.lakefs.name) as AWS_* variables: pods that
+    # read shards through lakeFS's S3 gateway get these instead of the S3 secret's (secret_env).
+    lakefs_secret_env: tuple[SecretEnv, ...] = ()
+    # Kueue queueing (resources/k8s/kueue.py): Jobs start suspended in the team's LocalQueue; None: off.
+    kueue: KueueSettings | None = None
+    # The chart's optional bin-packing scheduler (binPackingScheduler); None: the default scheduler.
+    scheduler_name: str | None = None
+
+
+def reads_through_lakefs(config: Mapping[str, Any]) -> bool:
+    """Whether the runtime reads its shards through lakeFS's S3 gateway: s3:// locations served at the
+    store's endpoint (the lakeFS store alone sets `data.s3_endpoint_url`, core/pinned_shards.py). The
+    gateway accepts lakeFS's own access keys, never the object store's."""
+    data = config.get("data") or {}
+    locations = data.get("locations") or {}
+    return bool(data.get("s3_endpoint_url")) and any(str(u).startswith("s3://") for u in locations.values())
+
+
+def credential_env(job: TrainingJob, settings: PodSettings) -> tuple[SecretEnv, ...]:
+    """The Secret-backed variables of a launch's pods: the lakeFS keys for a job that reads through
+    the lakeFS gateway, the S3 secret's otherwise (both arrive as AWS_*, which boto3 reads)."""
+    if not reads_through_lakefs(job.config):
+        return settings.secret_env
+    if not settings.lakefs_secret_env:
+        raise ValueError(
+            f"training job {job.name!r} reads its shards through lakeFS's S3 gateway "
+            f"({job.config['data']['s3_endpoint_url']}) but no lakeFS Secret is configured: set the "
+            "model-factory chart's secrets.lakefs.name (MODEL_FACTORY_LAKEFS_SECRET in the "
+            "model-factory-platform ConfigMap) to the Secret holding LAKEFS_ACCESS_KEY_ID and "
+            "LAKEFS_SECRET_ACCESS_KEY."
+        )
+    return settings.lakefs_secret_env
+
+
+# Tags Dagster itself puts on runs a schedule or a sensor requests (dagster._core.storage.tags).
+SCHEDULE_NAME_TAG = "dagster/schedule_name"
+SENSOR_NAME_TAG = "dagster/sensor_name"
+# The platform's own trigger tag (pipelines/automation.py run_tags): "schedule", "new_data" or "ad_hoc".
+TRIGGER_TAG = "platform/trigger"
+AUTOMATED_TRIGGERS = ("schedule", "new_data")
+
+
+def is_automated_run(tags: Mapping[str, str]) -> bool:
+    """Whether a schedule or sensor started the run (Dagster's own tags, or the platform's trigger tag
+    that run_tags sets on schedule and sensor requests); a run started by hand is not."""
+    return bool(tags.get(SCHEDULE_NAME_TAG) or tags.get(SENSOR_NAME_TAG)) \
+        or tags.get(TRIGGER_TAG) in AUTOMATED_TRIGGERS
+
+
+def with_run_priority(job: TrainingJob, settings: PodSettings, run_tags: Mapping[str, str]) -> TrainingJob:
+    """`job` with its pods' priority class: the pipeline's own if its placement names one, else the
+    chart's training class for a run a schedule or sensor started and its ad-hoc class otherwise."""
+    if job.gpu.priority_class:
+        return job
+    chosen = settings.training_priority_class if is_automated_run(run_tags) else settings.adhoc_priority_class
+    if not chosen:
+        return job
+    return replace(job, gpu=replace(job.gpu, priority_class=chosen))
 
 
 def validate_job(job: TrainingJob) -> None:
@@ -227,13 +290,16 @@ def _env(
         "HOME": "/tmp",
         "XDG_CACHE_HOME": "/tmp/.cache",
         "PYTHONUNBUFFERED": "1",
+        # The image reference the pod runs, for the runtime's lineage (training_runtime/build_info.py).
+        "MODEL_FACTORY_IMAGE": settings.image,
         # The cluster's fabric first: a job's own NCCL settings below override it.
         **(rdma.nccl_env() if rdma else {}),
         **job.env,
         **job.gpu.nccl_env,
         **pipes_env,
     }
-    secret_names = {s.env for s in settings.secret_env}
+    secrets = credential_env(job, settings)
+    secret_names = {s.env for s in secrets}
     clash = secret_names & set(plain)
     if clash:
         raise ValueError(
@@ -246,7 +312,10 @@ def _env(
             "valueFrom": {
                 "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}
             },
-        }
+        },
+        # Downward API: which node and pod each rank ran on, for the lineage (pod_lineage.py).
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
     env += [{"name": k, "value": v} for k, v in plain.items()]
     env += [
@@ -256,7 +325,7 @@ def _env(
                 "secretKeyRef": {"name": s.secret, "key": s.key, "optional": s.optional}
             },
         }
-        for s in settings.secret_env
+        for s in secrets
     ]
     return env
 
@@ -319,8 +388,12 @@ def build_pod_template(
         spec["nodeSelector"] = dict(gpu.node_selector)
     if gpu.tolerations:
         spec["tolerations"] = [dict(t) for t in gpu.tolerations]
+    if gpu.affinity:
+        spec["affinity"] = gpu.affinity
     if gpu.priority_class:
         spec["priorityClassName"] = gpu.priority_class
+    if settings.scheduler_name:
+        spec["schedulerName"] = settings.scheduler_name
     if settings.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
     return {"metadata": {"labels": _labels(job, settings)}, "spec": spec}
@@ -345,7 +418,7 @@ def build_training_job(
     }
     if settings.active_deadline_seconds:
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
-    return {
+    manifest: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
@@ -355,6 +428,10 @@ def build_training_job(
         },
         "spec": spec,
     }
+    if settings.kueue is not None:
+        # Suspended in the team's LocalQueue until Kueue admits all of its pods at once.
+        manifest = queued_job(manifest, queue_labels(job.team, job.gpu.priority_class, settings.kueue))
+    return manifest
 
 
 def build_headless_service(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from resources.k8s.fabric import rdma_profile
+from resources.k8s.kueue import kueue_settings, scheduler_name
 from resources.k8s.manifests import PodSettings, SecretEnv
 from resources.launch.base import GpuRequest
 
@@ -31,6 +32,8 @@ ENV_S3_SECRET = "MODEL_FACTORY_S3_SECRET"
 ENV_LAKEFS_SECRET = "MODEL_FACTORY_LAKEFS_SECRET"
 ENV_PULL_SECRETS = "MODEL_FACTORY_IMAGE_PULL_SECRETS"
 ENV_CLUSTER_DOMAIN = "MODEL_FACTORY_CLUSTER_DOMAIN"
+ENV_TRAINING_PRIORITY = "MODEL_FACTORY_TRAINING_PRIORITY_CLASS"
+ENV_ADHOC_PRIORITY = "MODEL_FACTORY_ADHOC_PRIORITY_CLASS"
 
 S3_SECRET_KEYS = (
     ("AWS_ACCESS_KEY_ID", False),
@@ -42,9 +45,21 @@ S3_SECRET_KEYS = (
 )
 
 
+# lakeFS's S3 gateway authenticates with lakeFS's own access keys; boto3 in the pods reads AWS_*.
+LAKEFS_SECRET_KEYS = (
+    ("AWS_ACCESS_KEY_ID", "LAKEFS_ACCESS_KEY_ID"),
+    ("AWS_SECRET_ACCESS_KEY", "LAKEFS_SECRET_ACCESS_KEY"),
+)
+
+
 def s3_secret_env(secret: str) -> tuple[SecretEnv, ...]:
     """AWS_* variables from the S3 credentials Secret, by reference."""
     return tuple(SecretEnv(env=k, secret=secret, key=k, optional=opt) for k, opt in S3_SECRET_KEYS)
+
+
+def lakefs_secret_env(secret: str) -> tuple[SecretEnv, ...]:
+    """AWS_* variables from the lakeFS credentials Secret's LAKEFS_* keys, by reference."""
+    return tuple(SecretEnv(env=env, secret=secret, key=key) for env, key in LAKEFS_SECRET_KEYS)
 
 
 def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -> PodSettings:
@@ -60,6 +75,7 @@ def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -
             "code location's envConfigMaps as helm/dagster-values.yaml does."
         )
     secret = environ.get(ENV_S3_SECRET)
+    lakefs = environ.get(ENV_LAKEFS_SECRET)
     pull = tuple(s for s in environ.get(ENV_PULL_SECRETS, "").split(",") if s)
     return PodSettings(
         namespace=environ[ENV_NAMESPACE],
@@ -71,7 +87,47 @@ def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -
         image_pull_secrets=pull,
         cluster_domain=environ.get(ENV_CLUSTER_DOMAIN, "cluster.local"),
         rdma=rdma_profile(environ),
+        training_priority_class=environ.get(ENV_TRAINING_PRIORITY) or None,
+        adhoc_priority_class=environ.get(ENV_ADHOC_PRIORITY) or None,
+        lakefs_secret_env=lakefs_secret_env(lakefs) if lakefs else (),
+        kueue=kueue_settings(environ),
+        scheduler_name=scheduler_name(environ),
     )
+
+
+class _ReadKeys(Mapping[str, str]):
+    """A mapping that remembers which keys were looked up (present or not)."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self._environ, self.read = environ, set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return self._environ[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return self._environ.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(key)
+        return key in self._environ
+
+    def __iter__(self):
+        return iter(self._environ)
+
+    def __len__(self) -> int:
+        return len(self._environ)
+
+
+def platform_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The keys of `environ` that `platform_settings` reads (the chart ConfigMap's settings) and
+    nothing else: what the orchestrator's launcher resource carries, so step pods and training pods
+    take their settings from one place and no unrelated (possibly secret) variable is copied.
+    Raises platform_settings' error when a required key is missing."""
+    recorder = _ReadKeys(environ)
+    platform_settings(recorder)
+    return {k: str(environ[k]) for k in sorted(recorder.read) if k in environ}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +184,9 @@ def step_k8s_config(
             pod_spec["node_selector"] = dict(gpu.node_selector)
         if gpu.tolerations:
             pod_spec["tolerations"] = [dict(t) for t in gpu.tolerations]
+        if gpu.affinity:
+            # In the API's camelCase, as the placement declares it: dagster-k8s maps either spelling.
+            pod_spec["affinity"] = dict(gpu.affinity)
         if gpu.priority_class:
             pod_spec["priority_class_name"] = gpu.priority_class
     if volumes:

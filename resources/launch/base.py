@@ -60,6 +60,11 @@ def pod_sizing_problems(*, cpu_per_gpu: Any, memory_gib_per_gpu: Any, shm_gib_pe
     return problems
 
 
+def is_quantity(value: Any) -> bool:
+    """Whether `value` is a Kubernetes resource quantity as written by hand ("8", "500m", "64Gi")."""
+    return isinstance(value, str) and bool(_QUANTITY.match(value))
+
+
 def cpu_quantity(cores: float) -> str:
     """Cores as a Kubernetes quantity: whole cores plain ("80"), others in millicores ("1500m")."""
     millis = round(cores * 1000)
@@ -90,7 +95,9 @@ class GpuRequest:
     cpu: str | None = None
     memory: str | None = None  # request and limit
     shm_size: str | None = None
-    priority_class: str | None = None
+    priority_class: str | None = None  # None: the launcher picks the chart's class by run origin
+    # A pod `affinity` (core/placement.py validates it when definitions load); None: none.
+    affinity: dict[str, Any] | None = None
     # NCCL_* / TORCH_NCCL_* settings for this job's pods (e.g. NCCL_DEBUG); the fabric's own settings
     # come from the cluster's RDMA profile (resources/k8s/fabric.py), these override them.
     nccl_env: dict[str, str] = field(default_factory=dict)
@@ -105,7 +112,7 @@ class GpuRequest:
             raise ValueError(f"GpuRequest.gpus_per_node={self.gpus_per_node!r} must be 0 (CPU only) or more")
         for name in ("cpu", "memory", "shm_size"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and _QUANTITY.match(value)):
+            if value is not None and not is_quantity(value):
                 raise ValueError(f"GpuRequest.{name}={value!r} is not a Kubernetes quantity such as '8', '500m' "
                                  "or '64Gi'; or leave it None to size the pod per GPU")
 
@@ -136,6 +143,10 @@ class TrainingJob:
     max_restarts: int = 0
     gpu: GpuRequest = field(default_factory=GpuRequest)
     env: dict[str, str] = field(default_factory=dict)  # non-secret settings only
+    # The orchestrator's code version (core.code_version): a pod's image must record the same one.
+    code_version: dict[str, Any] | None = None
+    # The platform team (PipelineSpec.team): with Kueue on, the Job queues in that team's LocalQueue.
+    team: str | None = None
 
 
 class TrainingLauncher(ABC):

@@ -4,7 +4,8 @@ process, from the manifest's own command and env.
 It implements the handful of BatchV1Api / CoreV1Api calls the launcher makes and answers with
 the kubernetes client's real model objects, so the launcher, dagster-k8s's pod-log Pipes reader
 and the torchrun wiring run unchanged. What a kubelet and cluster DNS would do is done here:
-  - env: `value`, `fieldRef` to the completion-index annotation, `secretKeyRef` from `secrets`
+  - env: `value`, `fieldRef` to the completion-index annotation, the pod's name and its node's
+    (the cluster's nodes in turn), `secretKeyRef` from `secrets`
     (a missing non-optional key leaves the pod waiting in CreateContainerConfigError);
   - `$(VAR)` in the command is expanded from the container's env, as the kubelet does;
   - the pods' stable DNS names `<job>-<i>.<svc>.<ns>.svc.<domain>` resolve to 127.0.0.<i+1>
@@ -108,8 +109,10 @@ class LocalCluster:
         secrets: dict[str, dict[str, str]] | None = None,
         nodes: list[V1Node] | None = None,
         schedulable: bool = True,
+        image_id: str = "",
     ):
         self.workdir = workdir
+        self.image_id = image_id  # what the containers' status reports as the image digest run
         self.secrets = secrets or {}
         self.nodes = nodes or []
         self.schedulable = schedulable
@@ -135,7 +138,7 @@ class LocalCluster:
             if not self.schedulable:
                 continue
             (container,) = template["spec"]["containers"]
-            env, missing = self._container_env(container, index)
+            env, missing = self._container_env(container, index, pod.name, self._node_for(index))
             if missing:
                 pod.waiting = ("CreateContainerConfigError", missing)
                 continue
@@ -143,7 +146,14 @@ class LocalCluster:
             env = {k: self._rewrite_dns(job, v) for k, v in env.items()}
             pod.proc, pod.pump = self._spawn(command, env, pod.log_path)
 
-    def _container_env(self, container: dict[str, Any], index: int) -> tuple[dict[str, str], str]:
+    def _node_for(self, index: int) -> str:
+        """The node a pod "runs on": the cluster's nodes in turn (for the downward API's spec.nodeName)."""
+        return self.nodes[index % len(self.nodes)].metadata.name if self.nodes else "local-node"
+
+    def _container_env(self, container: dict[str, Any], index: int, pod_name: str = "",
+                       node_name: str = "local-node") -> tuple[dict[str, str], str]:
+        downward = {f"metadata.annotations['{INDEX_ANNOTATION}']": str(index), "metadata.name": pod_name,
+                    "spec.nodeName": node_name}
         env: dict[str, str] = {}
         for entry in container.get("env", []):
             if "value" in entry:
@@ -152,9 +162,9 @@ class LocalCluster:
             source = entry["valueFrom"]
             if "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
-                if path != f"metadata.annotations['{INDEX_ANNOTATION}']":
-                    raise ValueError(f"the local pod simulator resolves only the completion-index fieldRef, not {path}")
-                env[entry["name"]] = str(index)
+                if path not in downward:
+                    raise ValueError(f"the local pod simulator resolves only the fieldRefs {sorted(downward)}, not {path}")
+                env[entry["name"]] = downward[path]
             elif "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
                 value = self.secrets.get(ref["name"], {}).get(ref["key"])
@@ -242,7 +252,7 @@ class LocalCluster:
                 message="\n".join(line.partition(" ")[2] for line in tail)))
         statuses = None
         if state is not None:
-            statuses = [V1ContainerStatus(name=CONTAINER, image="local", image_id="", ready=phase == "Running",
+            statuses = [V1ContainerStatus(name=CONTAINER, image="local", image_id=self.image_id, ready=phase == "Running",
                                           restart_count=0 if pod.previous_log is None else 1, state=state)]
         return V1Pod(
             metadata=V1ObjectMeta(name=pod.name, labels=pod.labels,

@@ -262,3 +262,54 @@ def _load_defs(path: Path) -> dg.Definitions:
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     return namespace["defs"]
+
+
+def test_sweeps_keep_their_study_in_the_production_postgres_apart_from_dagsters_tables(tmp_path, pg_env):
+    """The production instance's PostgreSQL holds the sweep's Optuna study, in a schema of its own:
+    Optuna's and Dagster's alembic_version tables must not meet."""
+    import optuna
+    import sqlalchemy
+
+    from core.sweep import Choice, LogRange, Sweep
+    from ops.sweep import OPTUNA_SCHEMA, sweep_storage_url
+    from ops.sweep_trials import COMPLETE, SweepRunner, open_study
+    from tests.experiments.fake_trials import FakeLaunches
+
+    variant = production()
+    variant["run_launcher"] = {"module": "dagster", "class": "DefaultRunLauncher"}
+    variant["compute_logs"] = {"module": "dagster.core.storage.local_compute_log_manager",
+                               "class": "LocalComputeLogManager", "config": {"base_dir": str(tmp_path / "logs")}}
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(variant))
+    sweep = Sweep(space={"train.lr": LogRange(1e-3, 1e-1), "model.hidden_sizes": Choice([16], [32])},
+                  objective="loss", trials=3, parallelism=2, sampler="random", pruner="none")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        url = sweep_storage_url(instance)
+        dagster_revision = _alembic_revision(instance.run_storage.postgres_url, "public")
+        study = open_study(url, "wine-r1", sweep, "minimize")
+        result = SweepRunner(sweep, study, objective="loss", trial_root=tmp_path / "trials",
+                             launch=FakeLaunches(delay_s=0.0), log=lambda line: None, poll_s=0.01).run()
+        assert [r.state for r in result.records] == [COMPLETE] * 3
+        # Read back through a fresh connection, as a resumed sweep or `sweeps` would.
+        again = optuna.load_study(study_name="wine-r1", storage=sweep_storage_url(instance))
+        assert again.best_trial.number == result.best.number
+        engine = sqlalchemy.create_engine(instance.run_storage.postgres_url)
+        try:
+            tables = sqlalchemy.inspect(engine)
+            assert {"studies", "trials", "alembic_version"} <= set(tables.get_table_names(schema=OPTUNA_SCHEMA))
+            assert "studies" not in tables.get_table_names(schema="public")
+        finally:
+            engine.dispose()
+        assert _alembic_revision(instance.run_storage.postgres_url, "public") == dagster_revision
+
+
+def _alembic_revision(url: str, schema: str) -> str:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sqlalchemy.text(f"SELECT version_num FROM {schema}.alembic_version")).scalar_one()
+    finally:
+        engine.dispose()

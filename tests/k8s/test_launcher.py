@@ -15,7 +15,9 @@ def test_orchestrator_resource_builds_the_kubernetes_launcher():
     from resources.platform import TrainingLauncherResource
 
     launcher = TrainingLauncherResource(
-        kind="kubernetes", work_root="/mnt/training", namespace="model-factory",
+        kind="kubernetes", work_root="/mnt/training",
+        cluster_settings={"TRAINING_NAMESPACE": "model-factory", "MODEL_FACTORY_SHARED_CLAIM": "model-factory-shared",
+                          "MODEL_FACTORY_S3_SECRET": "model-factory-s3"},
         image="registry.example.com/model-factory/training:abc",
     ).get()
     assert isinstance(launcher, KubernetesTrainingLauncher) and isinstance(launcher, TrainingLauncher)

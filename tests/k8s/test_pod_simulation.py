@@ -232,3 +232,149 @@ def test_cancelling_the_step_deletes_job_and_service_and_stops_pods(tmp_path):
     assert cluster.calls == ["create Job digits-sim", "create Service digits-sim",
                              "delete Service digits-sim", "delete Job digits-sim"]
     assert all(proc.poll() is not None for proc in processes)
+
+
+# --- user code in the image, the code-version check, the pod's own lineage -----------------------------
+SHA = "1234567890abcdef1234567890abcdef12345678"
+DIGEST = "sha256:" + "ab" * 32
+USER_MODELS = '''"""A team's own model factory, outside the platform's packages."""
+from torch import nn
+
+
+def tiny(input_shape, num_classes, hidden=8):
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0], hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+'''
+USER_LOOP = '''"""A team's own training function, run on every rank with the TrainingContext."""
+import torch
+import torch.nn.functional as F
+
+
+def train(ctx):
+    model = ctx.build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=ctx.config.train.lr)
+    step = 0
+    if (state := ctx.restore_checkpoint()) is not None:
+        ctx.load_state(model, opt, state["model"], state["optimizer"])
+        step = state["step"]
+    for _, batches in ctx.epochs(step):
+        for batch in batches:
+            loss = F.cross_entropy(model(batch["input"]), batch["target"])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+            ctx.report(step, loss=loss.item(), trained_by="acme_models.loops")
+            if step % ctx.config.checkpoint.every_steps == 0 or step == ctx.total_steps:
+                ctx.save_checkpoint(step, {"model": ctx.full_state(model),
+                                           "optimizer": ctx.full_optimizer_state(model, opt)})
+            if step == ctx.total_steps:
+                break
+    ctx.save_model(model)
+'''
+
+
+def _image_root(tmp_path: Path, *, git_sha: str) -> Path:
+    """The training image's /opt/model-factory, assembled as helm/images/training.Dockerfile does:
+    its COPY lines applied to a build context holding training_runtime/ and a team package
+    (acme_models, passed as USER_CODE), then its build_info step run."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    context = tmp_path / "build-context"
+    shutil.copytree(REPO / "training_runtime", context / "training_runtime",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    package = context / "acme_models"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(USER_MODELS)
+    (package / "loops.py").write_text(USER_LOOP)
+    image = tmp_path / "image"
+    dockerfile = (REPO / "helm" / "images" / "training.Dockerfile").read_text()
+    build_args = {"USER_CODE": "acme_models"}
+    copies = re.findall(r"^COPY (\S+)/ \./(\S+)/$", dockerfile, flags=re.M)
+    assert ("${USER_CODE}", "${USER_CODE}") in copies
+    for src, dst in copies:
+        src, dst = (re.sub(r"\$\{(\w+)\}", lambda m: build_args[m.group(1)], p) for p in (src, dst))
+        shutil.copytree(context / src, image / dst)
+    subprocess.run([sys.executable, "-m", "training_runtime.build_info", "--git-sha", git_sha, "--dirty", "false",
+                    "--user-code", "acme_models", "--out", str(image / "BUILD.json")], cwd=image, check=True,
+                   timeout=60)
+    return context, image
+
+
+def _user_code_job(tmp_path: Path, monkeypatch, *, git_sha: str, nnodes: int):
+    from core.spec import PipelineSpec, Recipe, Source
+    from ops.training_config import runtime_config, training_job
+
+    context, image = _image_root(tmp_path, git_sha=git_sha)
+    # The code location has the team's package installed too: definitions check that it imports.
+    monkeypatch.syspath_prepend(str(context))
+    settings, sim = _setup(tmp_path, nnodes=nnodes)
+    spec = PipelineSpec(name="acme_tiny", source=Source(paths=("x.csv",)), feature_columns=tuple("abcdefghijklmnop"),
+                        label_column="y", class_names=("0", "1", "2", "3"), model="acme_models.nets:tiny",
+                        model_kwargs={"hidden": 8}, train="acme_models.loops:train",
+                        recipe=Recipe(epochs=1, batch_size=16, lr=0.05, world_size=nnodes, checkpoint_every_steps=3))
+    work = Path(settings.shared_mount_path) / "acme_tiny" / "root-run-0001"
+    config = runtime_config(spec, manifest=sim.config["data"]["manifest"], locations=sim.config["data"]["locations"],
+                            commit_id="c0ffee", checkpoint_dir=work / "checkpoints", output_dir=work / "output")
+    job = training_job(spec, "root-run-0001", config)
+    # Each "pod" runs the image's files, not the repository's: acme_models exists only there.
+    env = {**sim.env, "PYTHONPATH": str(image), "MODEL_FACTORY_BUILD_INFO": str(image / "BUILD.json")}
+    return settings, TrainingJob(name=job.name, config=config, nproc_per_node=1, nnodes=nnodes, gpu=sim.gpu, env=env)
+
+
+def _launch_versioned(cluster: LocalCluster, job: TrainingJob, settings: PodSettings, expected: dict):
+    client = TrainingJobClient(cluster.batch, cluster.core, poll_interval_s=0.2, pending_timeout_s=60)
+
+    @dg.asset
+    def checkpoint(context) -> dg.MaterializeResult:
+        """Trains the team's code through the Kubernetes launcher against the local cluster."""
+        run_training_job(context, client, job, settings, expected_code_version=expected)
+        return dg.MaterializeResult()
+
+    try:
+        return dg.materialize([checkpoint], raise_on_error=False)
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_a_pipeline_with_its_own_model_and_training_function_trains_from_the_image(tmp_path, monkeypatch):
+    from core.lineage import pod_summary
+
+    settings, job = _user_code_job(tmp_path, monkeypatch, git_sha=SHA, nnodes=2)
+    (tmp_path / "cluster").mkdir()
+    cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES,
+                           image_id=f"docker-pullable://registry.example.com/model-factory/training@{DIGEST}")
+    result = _launch_versioned(cluster, job, settings, {"git_sha": SHA, "dirty": False})
+    logs = {p.name: p.read_text() for p in (tmp_path / "cluster").glob("*.log")}
+    assert result.success, "\n".join(f"== {k}\n{v[-3000:]}" for k, v in logs.items())
+    out = Path(job.config["output_dir"])
+    card = json.loads((out / "model_card.json").read_text())
+    assert "acme_models.nets:tiny" in json.dumps(card) and "acme_models.loops:train" in json.dumps(card)
+    # The pod's own lineage: the image it ran (and the digest the launcher read from the pod
+    # status), the commit baked in at build, where each rank ran, the pod's own torch.
+    pod = json.loads((out / "resolved_config.json").read_text())["pod"]
+    assert pod["image"] == settings.image and pod["image_digests"] == [DIGEST]
+    assert pod["build"] == {"git_sha": SHA, "dirty": False, "user_code": "acme_models"}
+    assert pod["nodes"] == ["cpu-a", "cpu-b"] and pod["torch"] == torch.__version__
+    assert [r["rank"] for r in pod["ranks"]] == [0, 1]
+    assert [r["pod"].rsplit("-", 1)[0] for r in pod["ranks"]] == [f"{job.name}-0", f"{job.name}-1"]
+    summary = pod_summary(pod)
+    assert f"{settings.image}@{DIGEST} built from git {SHA}" in summary and "nodes cpu-a, cpu-b" in summary
+
+
+@pytest.mark.slow
+def test_a_pod_whose_image_records_another_commit_fails_naming_both(tmp_path, monkeypatch):
+    settings, job = _user_code_job(tmp_path, monkeypatch, git_sha=SHA, nnodes=1)
+    (tmp_path / "cluster").mkdir()
+    cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES)
+    expected = "f" * 40
+    result = _launch_versioned(cluster, job, settings, {"git_sha": expected, "dirty": False})
+    assert not result.success
+    text = result.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert "CodeVersionMismatch" in text
+    assert f"{settings.image} was built from git {SHA}" in text and f"expects git {expected}" in text
+    assert not Path(job.config["checkpoint"]["dir"]).exists()  # stopped before any training
