@@ -36,6 +36,7 @@ test: $(STAMP) $(CHROMIUM)
 bench: $(STAMP)
 	$(PY) -m pytest tests/benchmarks -q -m heavy
 	$(PY) -m benchmarks.run --size full
+	$(PY) -m benchmarks.sweep_bench
 
 # Every fault, load, bad-input and security class at full size; writes RELIABILITY.md.
 reliability: $(STAMP)

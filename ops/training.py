@@ -6,6 +6,7 @@ launcher resource, and commits the weights to the run branch.
 """
 
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -13,10 +14,21 @@ from pathlib import Path
 
 import dagster as dg
 
+from core.code_version import code_version
+from core.overrides import (
+    OVERRIDES_TAG,
+    SECTIONS as OVERRIDE_SECTIONS,
+    OverrideError,
+    apply_overrides,
+    override_record,
+    overrides_config_schema,
+    overrides_tag,
+)
 from core.pinned_shards import read_pinned_shards
 from core.spec import PipelineSpec
 from ops import training_config as training
 from ops.rank_logs import KeptLogs, keep_rank_logs
+from ops.sweep import run_sweep, sweep_metadata, sweep_record
 from ops.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
 from ops.tensorboard_events import upload_event_files
 from resources.gpu_pool import gpu_units
@@ -32,6 +44,8 @@ from resources.store.base import VersionedStore
 WEIGHTS_FILE = "model.safetensors"
 # What a training run leaves in its output directory, committed beside each other on the run branch.
 MODEL_FILES = (WEIGHTS_FILE, "model_card.json", "resolved_config.json", "metrics.json")
+# ...and those only some runs write: the training job's own evaluation (recipe evaluate_on "training").
+OPTIONAL_MODEL_FILES = ("evaluation.json",)
 
 
 @dataclass
@@ -67,23 +81,33 @@ class TrainingResult:
 
 def run_distributed_training(
     context: dg.AssetExecutionContext, spec: PipelineSpec, shards: dict, store: VersionedStore,
-    launcher: TrainingLauncher, work_dir: Path, artifacts=None,
+    launcher: TrainingLauncher, work_dir: Path, artifacts=None, *,
+    validation_files: tuple[Path, Path] | None = None, label: str = "",
 ) -> TrainingResult:
-    """Train on the shards at their pinned commit; resumes from ``work_dir``'s checkpoints."""
+    """Train on the shards at their pinned commit; resumes from ``work_dir``'s checkpoints.
+    ``validation_files``: a sweep trial's (report, stop) files (training_runtime/trial_channel.py)."""
     pinned = read_pinned_shards(store, shards["commit_id"], shards["manifest_path"])
     output_dir = work_dir / "output"
     config = training.runtime_config(
         spec, manifest=pinned.manifest, locations=pinned.locations, commit_id=shards["commit_id"],
         checkpoint_dir=work_dir / "checkpoints", output_dir=output_dir, s3_endpoint_url=pinned.s3_endpoint_url,
     )
-    job = training.training_job(spec, context.run_id, config)
-    context.log.info(f"Launching {job.nnodes}x{job.nproc_per_node} training workers for {spec.name} "
-                     f"on shards commit {shards['commit_id'][:12]}")
+    if validation_files is not None:
+        config["validation"].update(report_file=str(validation_files[0]), stop_file=str(validation_files[1]))
+    job = dataclasses.replace(training.training_job(spec, root_run_id(context), config), code_version=code_version())
+    context.log.info(f"Launching {job.nnodes}x{job.nproc_per_node} training workers for {spec.name}"
+                     f"{f' ({label})' if label else ''} on shards commit {shards['commit_id'][:12]}")
     try:
         invocation = launcher.launch(context, job)
     finally:  # every rank's logs are kept, a failed training's above all
         logs = keep_rank_logs(context, artifacts, launcher, job) if artifacts is not None else None
     telemetry = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == "telemetry"]
+    return training_result_from(output_dir, logs=logs, telemetry=telemetry)
+
+
+def training_result_from(output_dir: Path, *, logs: KeptLogs | None = None,
+                         telemetry: list[dict] | None = None) -> TrainingResult:
+    """What a finished training left in ``output_dir``."""
     metrics_file = output_dir / "metrics.json"
     if not metrics_file.exists():
         raise dg.Failure(description=f"training finished without writing {metrics_file}; see the run's logs")
@@ -96,7 +120,7 @@ def run_distributed_training(
         metrics=json.loads(metrics_file.read_text()),
         resolved_config=json.loads((output_dir / "resolved_config.json").read_text()),
         weights_sha256=hashlib.sha256(weights.read_bytes()).hexdigest(),
-        telemetry=telemetry,
+        telemetry=list(telemetry or []),
     )
 
 
@@ -132,29 +156,74 @@ def check_user_code(spec: PipelineSpec) -> None:
                                      f"{list(cls.metric_names)}", allow_retries=False)
 
 
+def spec_for_run(context: dg.OpExecutionContext, spec: PipelineSpec, overrides: dict) -> PipelineSpec:
+    """The pipeline as this run trains it; a run that changes it is tagged with what it changed."""
+    try:
+        run_spec = apply_overrides(spec, overrides)
+    except OverrideError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    record = override_record(spec, overrides)
+    if record:
+        context.instance.add_run_tags(context.run_id, {OVERRIDES_TAG: overrides_tag(record)})
+        context.log.info("this run overrides the pipeline: " + ", ".join(
+            f"{k} {v['pipeline']!r} -> {v['run']!r}" for k, v in record.items()))
+    return run_spec
+
+
+def override_metadata(record: dict) -> dict:
+    if not record:
+        return {}
+    return {"overrides": dg.MetadataValue.md("| field | pipeline | this run |\n| --- | --- | --- |\n" + "\n".join(
+        f"| {k} | {json.dumps(v['pipeline'])} | {json.dumps(v['run'])} |" for k, v in record.items()))}
+
+
 def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
     """The distributed training op of one pipeline: shards (pinned commit) in, checkpoint out."""
     name = spec.name
 
+    config_schema = overrides_config_schema(spec)
+    if spec.sweep is not None:
+        config_schema["sweep"] = dg.Field(bool, default_value=True, description=(
+            f"Run the pipeline's sweep ({spec.sweep.describe()}) and keep its best trial; false trains the "
+            "recipe (with this run's overrides) once."))
+
     @dg.op(name=f"{name}_distributed_training", retry_policy=dg.RetryPolicy(max_retries=1, delay=2),
            tags={"platform/gpus": str(spec.gpus)}, ins={"shards": dg.In(dict)}, out=dg.Out(dict),
+           config_schema=config_schema,
            description=f"Train {spec.model} with torchrun workers on {spec.dataset_name}'s pinned shards; "
-                       "a retry resumes from the run's checkpoints.")
+                       "a retry resumes from the run's checkpoints. Its config changes the pipeline's settings "
+                       "for one run (recorded in the lineage as overrides).")
     def distributed_training(context: dg.OpExecutionContext, shards: dict, platform: PlatformSettings,
                              store: VersionedStoreResource, artifacts: ArtifactStoreResource,
                              launcher: TrainingLauncherResource):
-        check_user_code(spec)
+        overrides = {k: v for k, v in (context.op_config or {}).items() if k in OVERRIDE_SECTIONS and v}
+        run_spec = spec_for_run(context, spec, overrides)
+        check_user_code(run_spec)
         s = store.get()
         branch = ensure_run_branch(s, context.run_id)
-        with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), spec.gpus,
-                       log=context.log):
-            result = run_distributed_training(context, spec, shards, s, launcher.get(),
-                                              platform.checkpoints_root / name / root_run_id(context), artifacts.get())
+        work_dir = platform.checkpoints_root / name / root_run_id(context)
+        sweep = None
+        if run_spec.sweep is not None and context.op_config.get("sweep", True):
+            def train_trial(trial_spec: PipelineSpec, folder: Path, **kw) -> TrainingResult:
+                return run_distributed_training(context, trial_spec, shards, s, launcher.get(), folder,
+                                                artifacts.get(), **kw)
+
+            result, outcome = run_sweep(context, run_spec, work_dir, root_run_id(context), train=train_trial,
+                                        result_from=training_result_from)
+            sweep = (sweep_record(outcome), sweep_metadata(outcome, name))
+        else:
+            with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), run_spec.gpus,
+                           log=context.log):
+                result = run_distributed_training(context, run_spec, shards, s, launcher.get(), work_dir,
+                                                  artifacts.get())
         folder = f"models/{name}/checkpoints/{context.run_id}/"
         weights_path = folder + WEIGHTS_FILE
         weights_uri = artifacts.get().put_file(result.output_dir / WEIGHTS_FILE, weights_path)
         for file in MODEL_FILES:
             s.put_file(branch, folder + file, result.output_dir / file)
+        for file in OPTIONAL_MODEL_FILES:
+            if (result.output_dir / file).is_file():
+                s.put_file(branch, folder + file, result.output_dir / file)
         commit_id = commit_or_head(s, branch, f"Train {name}", commit_metadata(
             context, platform.run_url(context.run_id), shards_commit=shards["commit_id"], dataset=shards["dataset"]))
         # TensorBoard event files beside the weights; their location travels on to the lineage record.
@@ -162,9 +231,13 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
         value = {"commit_id": commit_id, "weights_path": weights_path, "weights_uri": weights_uri,
                  "weights_sha256": result.weights_sha256, "shards_commit": shards["commit_id"],
                  "dataset_version": shards.get("dataset_version"), **events,
-                 "logs_uri": result.logs.uri if result.logs else None}
+                 "logs_uri": result.logs.uri if result.logs else None,
+                 # What this run changed (the evaluation applies the same gate) and its sweep, for the lineage.
+                 "overrides": overrides, "override_record": override_record(spec, overrides),
+                 "sweep": sweep[0] if sweep else None}
         return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri,
-            "dataset": shards["dataset"], "shards_commit": shards["commit_id"], **events})
+            "dataset": shards["dataset"], "shards_commit": shards["commit_id"], **events,
+            **override_metadata(value["override_record"]), **(sweep[1] if sweep else {})})
 
     return distributed_training

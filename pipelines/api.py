@@ -48,10 +48,11 @@ from core.spec import (
     dataset_pipeline,
     model_pipeline,
 )
+from core.sweep import Choice, FloatRange, IntRange, LogRange, Range, Sweep
 from pipelines.assembly import location_definitions
 from pipelines.profiles import Profile
 
-__all__ = ["ImageFolder", "ImagePreprocessing", "PipelineDefinitionError", "PipelineSpec", "QualityGate",
+__all__ = ["Choice", "FloatRange", "IntRange", "LogRange", "Range", "Sweep", "ImageFolder", "ImagePreprocessing", "PipelineDefinitionError", "PipelineSpec", "QualityGate",
            "QualitySuite", "Recipe", "Source", "Split", "TextCorpus", "TextPreprocessing", "Triggers", "dataset_pipeline", "model_pipeline", "standard_raw_expectations", "standard_shard_expectations",
            "team_definitions"]
 

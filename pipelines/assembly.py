@@ -14,6 +14,7 @@ import dagster as dg
 
 from assets.pipeline import build_pipeline_assets, build_pipeline_checks, pipeline_asset_keys, published_dataset_specs
 from core.spec import PipelineDefinitionError, PipelineSpec, resolve_shared
+from core.sweep import check_sweep_capacity
 from pipelines.automation import build_new_data_sensor, build_schedule, run_tags
 from pipelines.profiles import Profile
 
@@ -67,6 +68,8 @@ def location_definitions(location: str, pipelines: Sequence[PipelineSpec], profi
                                       f"{location!r}; each pipeline needs its own name (pipeline names are also "
                                       "asset key prefixes)")
     specs = [replace(p, location=location) for p in pipelines]
+    for spec in specs:  # parallel sweep trials must fit the GPU pool (core/sweep.py)
+        check_sweep_capacity(spec, profile.gpu_pool)
     listing = [{"name": s.name, "dataset": s.dataset, "dataset_location": s.dataset_location} for s in specs]
     return dg.Definitions.merge(
         pipeline_definitions(specs),

@@ -53,7 +53,22 @@ def data_facts(record: dict) -> dict[str, object]:
     return out
 
 
-SECTIONS = (("parameters", parameters), ("metrics", metrics), ("data and code", data_facts))
+def experiment(record: dict) -> dict[str, object]:
+    """The run's overrides of its pipeline (``run value (pipeline: its value)``) and the sweep trial
+    it came from; records older than overrides have neither."""
+    out: dict[str, object] = {k: f"{v.get('run')} (pipeline: {v.get('pipeline')})"
+                              for k, v in (record.get("overrides") or {}).items()}
+    sweep = record.get("sweep")
+    if sweep:
+        out["sweep"] = f"{sweep.get('study')}: best of {sweep.get('trials')} trials"
+        out["sweep trial"] = sweep.get("best_trial")
+        for k, v in (sweep.get("best_params") or {}).items():
+            out[f"sweep {k}"] = v
+    return out
+
+
+SECTIONS = (("overrides and sweep", experiment), ("parameters", parameters), ("metrics", metrics),
+            ("data and code", data_facts))
 
 
 def compare_rows(records: list[dict]) -> list[tuple[str, str, list[object], bool]]:

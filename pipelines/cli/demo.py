@@ -1,13 +1,16 @@
 """``demo``: run the digits job once and print the lineage of every version it registered (the MLP,
 the YAML-declared CNN and the denoising autoencoder with its own training loop); then the jobs of
 the diabetes table (regression), the shapes image folder (a ResNet) and the pydoc corpus (a
-language model), printing each version's lineage and each dataset's published versions."""
+language model), printing each version's lineage and each dataset's published versions; and last the
+wine job, whose training is a sweep (6 Optuna trials, 2 at a time, laggards pruned): the best
+trial is registered, and the sweep's trials are printed as ``python -m pipelines sweeps wine`` does."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from pipelines.cli.experiments import sweeps_command
 from pipelines.cli.inspection import print_lineage
 from pipelines.cli.render import format_dataset_versions
 from pipelines.profiles import Profile
@@ -23,6 +26,7 @@ def demo_command(args: argparse.Namespace) -> int:
     from pipelines.models.digits import digits_pipeline, write_digits_source
     from pipelines.models.pydoc_corpus import pydoc_corpus, write_pydoc_source
     from pipelines.models.shapes import shapes_dataset, write_shapes_source
+    from pipelines.models.wine import wine_pipeline
 
     profile = Profile.from_environment()
     sources = profile.data_root / "sources"
@@ -51,7 +55,12 @@ def demo_command(args: argparse.Namespace) -> int:
                 print()
             print(format_dataset_versions(dataset.name, list_dataset_versions(profile.store(), dataset.name)))
             print()
-    return 0
+        result = _run(defs, training_job_name(wine_pipeline), instance)
+        if result is None:
+            return 1
+        print_lineage(profile, wine_pipeline.name, None, as_json=False)
+        print()
+    return sweeps_command(argparse.Namespace(model=wine_pipeline.name, study=None, compare=None, json=False))
 
 
 def _run(defs, job_name: str, instance):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipelines.cli.annotation import comment_command, promote_command, rollback_command
 from pipelines.cli.demo import demo_command
+from pipelines.cli.experiments import sweeps_command, train_command
 from pipelines.cli.inspection import (
     compare_command,
     datasets_command,
@@ -59,6 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("demo", "Run the digits job once on this profile and print the lineage of each version it registered.",
             demo_command)
+
+    p = command("train", "Train a model (its sweep, if it declares one) in this process, with its pipeline's settings changed for this run "
+                         "only (recorded in the lineage as overrides; the run is tagged platform/overrides), then "
+                         "print the new version's lineage.", train_command)
+    model_arg(p)
+    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                   help="Override one setting, e.g. train.lr=0.005, train.seed=1, model.hidden_sizes=[64], "
+                        "gate.test_accuracy.min=0.8 (values are read as JSON). Repeatable.")
+    p.add_argument("--no-sweep", action="store_true", help="Train the recipe once instead of the pipeline's sweep.")
+
+    p = command("sweeps", "List a model's sweeps and their trials (parameters, objective, pruned step); "
+                          "--compare shows trials side by side.", sweeps_command)
+    model_arg(p)
+    p.add_argument("--study", default=None, help="Only this sweep (its study name, as listed).")
+    p.add_argument("--compare", nargs="+", type=int, metavar="TRIAL",
+                   help="Trial numbers to show side by side (of the newest sweep, or --study's).")
+    p.add_argument("--json", action="store_true", help="Print the sweeps and trials as JSON.")
 
     p = command("lineage", "Print a model version's lineage record, its comments and the production alias.",
                 lineage_command)

@@ -103,6 +103,8 @@ def format_compare(records: list[dict], only_differences: bool = False) -> str:
     title = " vs ".join(f"v{r['version']}" for r in records)
     lines = [f"{records[0]['model']}: {title}   ({DIFF_MARK} marks {n_diff} field(s) that differ)"]
     for section, _ in SECTIONS:
+        if not any(r[0] == section for r in rows):
+            continue  # no version had overrides or a sweep
         body = [[DIFF_MARK if d else "", key, *(format_value(v) for v in vals)]
                 for s, key, vals, d in rows if s == section and (d or not only_differences)]
         lines.append("")
@@ -129,7 +131,9 @@ def format_diff(left: dict, right: dict, data_rows: list[tuple[str, str, int | N
     else:
         lines.append("  (no objects differ: both versions were trained on the same data)")
     rows = compare_rows([left, right])
-    for section, _ in SECTIONS[:2]:
+    for section, _ in SECTIONS[:3]:  # overrides and sweep, parameters, metrics
+        if not any(r[0] == section for r in rows):
+            continue  # no version had overrides or a sweep
         body = [[key, format_value(vals[0]), format_value(vals[1])] for s, key, vals, d in rows if s == section and d]
         lines += ["", f"{section}:"]
         lines.extend(table(["field", v1, v2], body) if body else ["  (no differences)"])

@@ -2,7 +2,15 @@
 
 import pandas as pd
 
-from pipelines.api import QualitySuite, model_pipeline, standard_raw_expectations, standard_shard_expectations
+from pipelines.api import (
+    Choice,
+    LogRange,
+    QualitySuite,
+    Sweep,
+    model_pipeline,
+    standard_raw_expectations,
+    standard_shard_expectations,
+)
 
 FEATURES = ("alcohol", "malic_acid", "ash", "alcalinity_of_ash", "magnesium", "total_phenols", "flavanoids",
             "nonflavanoid_phenols", "proanthocyanins", "color_intensity", "hue",
@@ -26,4 +34,9 @@ wine_pipeline = model_pipeline(
     recipe={"epochs": 30, "batch_size": 16, "lr": 0.01, "world_size": 2, "checkpoint_every_steps": 100},
     gate={"min_test_accuracy": 0.8}, split={"seed": 1, "samples_per_shard": 64},
     triggers={"cron": "30 3 * * *"}, team="oenology", description="An MLP telling three wine cultivars apart.",
+    # Every training of wine is a small search: 6 trials, 2 at a time; a trial whose validation
+    # loss trails the median of the trials before it at the same validation stops early.
+    sweep=Sweep(space={"train.lr": LogRange(1e-3, 1e-1), "model.hidden_sizes": Choice([16], [32], [64])},
+                objective="loss", trials=6, parallelism=2, sampler="tpe", pruner="median",
+                startup_trials=2, prune_after_validations=3),
 )

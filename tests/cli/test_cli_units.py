@@ -268,7 +268,7 @@ def test_an_empty_store_is_an_unknown_model_not_a_crash(tmp_path):
         read_lineage(store, "toy")
 
 
-COMMANDS = ("demo", "lineage", "versions", "compare", "diff", "reproduce", "comment", "promote", "rollback",
+COMMANDS = ("demo", "train", "sweeps", "lineage", "versions", "compare", "diff", "reproduce", "comment", "promote", "rollback",
             "datasets", "housekeeping", "workspace", "scaffold")
 
 

@@ -1,0 +1,138 @@
+"""A pipeline's sweep inside its training op: Optuna trials through the training launcher.
+
+The checkpoint asset of a pipeline with a sweep is the best trial's checkpoint: the op runs the
+trials (ops/sweep_trials.py), each one a training with its own folder under the run's checkpoint
+directory, launched through the same launcher as any training (local torchrun or Kubernetes pods)
+and holding its own GPU units. The model_version asset then evaluates and registers the best
+trial's model as it would any checkpoint; the sweep's record (every trial's parameters, value,
+state and pruned step) travels with the checkpoint into the version's lineage.
+
+The study lives in the platform's database, beside the Dagster instance's own storage: SQLite
+next to a local instance, a schema of its own ("optuna") in the PostgreSQL of a production one.
+Its name is the pipeline and the root run: a retry of a killed run resumes the same study.
+"""
+
+from pathlib import Path
+from typing import Any, Callable
+
+import dagster as dg
+
+from core.overrides import apply_overrides
+from core.spec import PipelineSpec
+from core.sweep import direction_of, objective_metric
+from ops.sweep_trials import SweepResult, SweepRunner, TrialPlan, TrialRecord, open_study, trial_overrides
+from resources.gpu_pool import gpu_units
+
+OPTUNA_SCHEMA = "optuna"  # Optuna's tables (and its alembic_version) kept apart from Dagster's
+SQLITE_FILE = "optuna.sqlite"
+
+
+def sweep_storage_url(instance: dg.DagsterInstance) -> str:
+    """Where studies live: the instance's PostgreSQL (schema ``optuna``), else SQLite beside it."""
+    postgres = getattr(instance.run_storage, "postgres_url", None)
+    if postgres:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(postgres)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sqlalchemy.text(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}"))
+        finally:
+            engine.dispose()
+        sep = "&" if "?" in postgres else "?"
+        return f"{postgres}{sep}options=-csearch_path%3D{OPTUNA_SCHEMA}"
+    root = Path(instance.storage_directory())
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / SQLITE_FILE}"
+
+
+def study_name(model: str, root_run: str) -> str:
+    return f"{model}-{root_run}"
+
+
+def run_sweep(context: dg.OpExecutionContext, spec: PipelineSpec, work_dir: Path, root_run: str, *,
+              train: Callable[..., Any], result_from: Callable[[Path], Any]) -> tuple[Any, SweepResult]:
+    """Run the sweep of ``spec`` (already carrying the run's overrides); return the best trial's
+    training result and the sweep's result. ``train(spec, folder, validation_files=, label=)`` runs
+    one training (ops/training.py), ``result_from(output_dir)`` reads one a finished training left."""
+    sweep = spec.sweep
+    objective, direction = objective_metric(spec), direction_of(spec)
+    study = open_study(sweep_storage_url(context.instance), study_name(spec.name, root_run), sweep, direction)
+    study.set_user_attr("model", spec.name)
+    study.set_user_attr("run_id", context.run_id)
+    study.set_user_attr("space", {k: d.describe() for k, d in sweep.space.items()})
+    context.log.info(f"sweep {study.study_name}: {sweep.describe()}; {direction} validation {objective}")
+    step = context.asset_key.to_user_string()
+    results: dict[int, Any] = {}
+
+    def launch(plan: TrialPlan) -> dict:
+        trial_spec = apply_overrides(spec, trial_overrides(plan.params, objective, direction))
+        with gpu_units(context.instance, context.run_id, f"{step}/trial-{plan.number}", trial_spec.gpus,
+                       log=context.log):
+            result = train(trial_spec, plan.folder, validation_files=(plan.report_file, plan.stop_file),
+                           label=f"trial {plan.number}")
+        results[plan.number] = result
+        return result.metrics
+
+    runner = SweepRunner(sweep, study, objective=objective, trial_root=work_dir / "trials", launch=launch,
+                         log=context.log.info, on_change=lambda records: _observe(context, records, objective))
+    outcome = runner.run()
+    if outcome.best is None:
+        raise dg.Failure(description=f"sweep {study.study_name}: no trial finished with a validation {objective} "
+                                     f"({outcome.summary()['pruned']} pruned, {outcome.summary()['failed']} failed); "
+                                     "see each trial's log above", metadata={"trials": trials_table(outcome.records)},
+                         allow_retries=False)
+    best = results.get(outcome.best.number)
+    if best is None:  # finished by an earlier attempt of the sweep: its outputs are on the volume
+        best = result_from(Path(outcome.best.folder) / "output")
+    context.log.info(f"sweep {study.study_name}: best trial {outcome.best.number} ({objective} "
+                     f"{outcome.best.value:.4g}) with {outcome.best.params}")
+    return best, outcome
+
+
+def _observe(context: dg.OpExecutionContext, records: list[TrialRecord], objective: str) -> None:
+    """The trials table so far, on the checkpoint asset while the sweep runs."""
+    if context.has_assets_def and len(context.assets_def.keys) == 1:
+        context.log_event(dg.AssetObservation(
+            asset_key=context.assets_def.key, description=f"sweep progress: {len(records)} trial(s)",
+            metadata={"sweep_trials": trials_table(records),
+                      "sweep_finished_trials": sum(r.state in ("complete", "pruned", "failed") for r in records)}))
+
+
+def trials_table(records: list[TrialRecord]) -> dg.TableMetadataValue:
+    """The trials as a table the UI sorts and shows: one row per trial."""
+    params = sorted({k for r in records for k in r.params})
+    columns = [dg.TableColumn("trial", "int"), dg.TableColumn("state", "string"),
+               dg.TableColumn("value", "float", description="objective: best validation value"),
+               *[dg.TableColumn(k, "string") for k in params],
+               dg.TableColumn("validations", "int"), dg.TableColumn("pruned_step", "int"),
+               dg.TableColumn("steps", "int"), dg.TableColumn("attempts", "int")]
+    rows = []
+    for r in records:  # every row has every column (Dagster's rule); None where a trial has no value
+        row = {"trial": r.number, "state": r.state, "value": None if r.value is None else float(r.value),
+               **{k: _short(r.params[k]) if k in r.params else None for k in params},
+               "validations": r.validations, "attempts": r.attempts,
+               **{k: None if getattr(r, k) is None else int(getattr(r, k)) for k in ("pruned_step", "steps")}}
+        rows.append(dg.TableRecord(row))
+    return dg.MetadataValue.table(records=rows, schema=dg.TableSchema(columns=columns))
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def sweep_record(outcome: SweepResult) -> dict:
+    """What the checkpoint value (and so the lineage) keeps of the sweep."""
+    return {**outcome.summary(), "records": [r.to_dict() for r in outcome.records]}
+
+
+def sweep_metadata(outcome: SweepResult, model: str) -> dict:
+    from ops import plots  # deferred: matplotlib is not needed to load definitions
+
+    summary = outcome.summary()
+    png = plots.sweep_png([r.to_dict() for r in outcome.records], outcome.objective, outcome.direction,
+                          f"{model}: sweep {outcome.study_name}")
+    return {"sweep_trials": trials_table(outcome.records),
+            "sweep_objective": dg.MetadataValue.md(plots.markdown_image(png, "objective per trial")),
+            "sweep_best_trial": summary["best_trial"], "sweep_study": outcome.study_name,
+            "sweep_pruned_trials": summary["pruned"], "sweep_failed_trials": summary["failed"]}

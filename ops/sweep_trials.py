@@ -1,0 +1,355 @@
+"""Running a sweep's trials: Optuna proposes, trainings run in parallel, the pruner stops laggards.
+
+Optuna does the searching (its samplers and pruners); this module is the loop around it that a
+training platform needs and Optuna's own ``study.optimize`` cannot give:
+
+- a trial is a whole distributed training launched elsewhere (torchrun workers, Kubernetes pods),
+  run in a thread that only waits for it, ``parallelism`` at a time;
+- every call into the study (ask, report, should_prune, tell) happens on the calling thread, so
+  the storage sees one writer;
+- the validations a trial writes (training_runtime/trial_channel.py) are read as they come and
+  reported to the pruner; a pruned trial is asked to stop, stops at its next validation and frees
+  its slot for the next trial;
+- a crashed trial is restarted ``retries`` times, resuming its own checkpoints, then counted as
+  failed, and the sweep goes on;
+- the study lives in a database, and a trial still RUNNING there when the sweep starts was cut
+  off by a kill of the sweep: it resumes from its folder, and finished trials never run again.
+
+Nothing here imports Dagster: the op (ops/sweep.py) hands in how a trial is launched.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from core.sweep import Choice, Range, Sweep, grid_of
+from training_runtime.trial_channel import read_reports, request_stop
+
+# What a finished trial's record says about it (Optuna's states, in words the lineage shows).
+COMPLETE, PRUNED, FAILED = "complete", "pruned", "failed"
+
+
+@dataclass
+class TrialPlan:
+    """One trial as launched: its parameters and its own folder (checkpoints, outputs, channel)."""
+
+    number: int
+    params: dict[str, Any]
+    folder: Path
+    resumed: bool = False  # cut off by a kill of an earlier attempt of the sweep; resumes its checkpoints
+
+    @property
+    def report_file(self) -> Path:
+        return self.folder / "validations.jsonl"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.folder / "stop"
+
+
+@dataclass
+class TrialRecord:
+    """What the lineage, the UI's table and ``python -m pipelines sweeps`` show of a trial."""
+
+    number: int
+    params: dict[str, Any]
+    state: str  # complete, pruned, failed
+    value: float | None = None  # the objective: the best validation value the trial reached
+    last_value: float | None = None  # the objective at its last validation (where a pruned trial stood)
+    validations: int = 0
+    pruned_step: int | None = None  # the training step it stopped at, when pruned
+    steps: int | None = None
+    attempts: int = 1
+    wall_s: float | None = None
+    error: str | None = None
+    folder: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Running:
+    trial: Any  # optuna.trial.Trial
+    plan: TrialPlan
+    started: float
+    offset: int = 0
+    # Training steps whose validation was read: a training restarted from a checkpoint validates
+    # again the steps after it, and the file then holds them twice.
+    seen_steps: set = field(default_factory=set)
+    last_step: int | None = None
+    prune_requested_at: int | None = None
+    reported: set = field(default_factory=set)  # validation numbers Optuna already holds
+    values: list = field(default_factory=list)  # the objective at each validation read
+
+
+@dataclass
+class SweepResult:
+    records: list[TrialRecord]
+    best: TrialRecord | None
+    study_name: str
+    direction: str
+    objective: str
+
+    def summary(self) -> dict[str, Any]:
+        states = [r.state for r in self.records]
+        return {"study": self.study_name, "objective": self.objective, "direction": self.direction,
+                "trials": len(self.records), "complete": states.count(COMPLETE), "pruned": states.count(PRUNED),
+                "failed": states.count(FAILED), "best_trial": self.best.number if self.best else None,
+                "best_value": self.best.value if self.best else None,
+                "best_params": self.best.params if self.best else None}
+
+
+def make_sampler(sweep: Sweep):
+    import optuna
+
+    if sweep.sampler == "grid":
+        return optuna.samplers.GridSampler(grid_of(sweep.space), seed=sweep.seed)
+    if sweep.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=sweep.seed)
+    return optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=max(1, sweep.startup_trials))
+
+
+def make_pruner(sweep: Sweep):
+    """Pruners count steps in validations (1, 2, ...), not optimizer steps, so trials whose batch
+    size or epoch count differ are still compared at the same point of their training."""
+    import optuna
+
+    if sweep.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=sweep.startup_trials,
+                                           n_warmup_steps=sweep.prune_after_validations)
+    if sweep.pruner == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, sweep.prune_after_validations))
+    return optuna.pruners.NopPruner()
+
+
+def distributions(sweep: Sweep) -> dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    out = {}
+    for key, dim in sweep.space.items():
+        if isinstance(dim, Choice):
+            # Optuna stores categorical values as they are only for None/bool/int/float/str; lists
+            # (e.g. hidden sizes) travel as their JSON text and are decoded in ``decode_params``.
+            out[key] = CategoricalDistribution([_encode(v) for v in dim.values])
+        elif isinstance(dim, Range) and dim.integer:
+            out[key] = IntDistribution(int(dim.low), int(dim.high), log=dim.log,
+                                       step=int(dim.step or 1) if not dim.log else 1)
+        else:
+            out[key] = FloatDistribution(dim.low, dim.high, log=dim.log, step=None if dim.log else dim.step)
+    return out
+
+
+def _encode(value: Any) -> Any:
+    import json
+
+    return value if value is None or isinstance(value, (bool, int, float, str)) else "json:" + json.dumps(value)
+
+
+def decode_params(params: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    return {k: json.loads(v[5:]) if isinstance(v, str) and v.startswith("json:") else v for k, v in params.items()}
+
+
+def open_study(storage_url: str, name: str, sweep: Sweep, direction: str):
+    """The sweep's study, created on first use; a second attempt of the same sweep loads it."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(study_name=name, storage=storage_url, direction=direction,
+                               sampler=make_sampler(sweep), pruner=make_pruner(sweep), load_if_exists=True)
+
+
+class SweepRunner:
+    """Runs ``sweep`` in ``study``: ``launch(plan)`` trains one trial to the end and returns its
+    metrics (the runtime's metrics.json), raising when it fails."""
+
+    def __init__(self, sweep: Sweep, study: Any, *, objective: str, trial_root: Path,
+                 launch: Callable[[TrialPlan], dict[str, Any]], log: Callable[[str], None] = print,
+                 poll_s: float = 0.5, on_change: Callable[[list[TrialRecord]], None] | None = None):
+        self.sweep, self.study, self.objective = sweep, study, objective
+        self.trial_root, self.launch, self.log, self.poll_s = Path(trial_root), launch, log, poll_s
+        self.on_change = on_change
+        self.distributions = distributions(sweep)
+
+    # ------------------------------------------------------------ the loop
+    def run(self) -> SweepResult:
+        import optuna
+
+        states = optuna.trial.TrialState
+        trials = self.study.get_trials(deepcopy=False)
+        finished = sum(t.state.is_finished() for t in trials)
+        # Cut off by a kill of an earlier attempt: resume them (their params are stored) first.
+        resume = [optuna.trial.Trial(self.study, t._trial_id) for t in trials if t.state == states.RUNNING]  # noqa: SLF001
+        reported = {t.number: set(t.intermediate_values) for t in trials}
+        budget = self.sweep.trials - finished - len(resume)
+        if finished or resume:
+            self.log(f"sweep {self.study.study_name}: {finished} trial(s) already finished, resuming {len(resume)}, "
+                     f"{max(0, budget)} to start")
+        running: dict[Future, _Running] = {}
+        with ThreadPoolExecutor(max_workers=self.sweep.parallelism, thread_name_prefix="trial") as pool:
+            while True:
+                while len(running) < self.sweep.parallelism and (resume or budget > 0):
+                    if resume:
+                        trial, resumed = resume.pop(0), True
+                    else:
+                        trial, resumed = self.study.ask(self.distributions), False
+                        budget -= 1
+                    plan = TrialPlan(number=trial.number, params=decode_params(trial.params),
+                                     folder=self.trial_root / f"trial-{trial.number:03d}", resumed=resumed)
+                    plan.folder.mkdir(parents=True, exist_ok=True)
+                    trial.set_user_attr("folder", str(plan.folder))
+                    self.log(f"trial {plan.number} {'resumes' if resumed else 'starts'}: {_params_text(plan.params)}")
+                    r = _Running(trial, plan, time.monotonic())
+                    r.reported = reported.get(trial.number, set())
+                    running[pool.submit(self._attempts, plan)] = r
+                if not running:
+                    break
+                done, _ = wait(list(running), timeout=self.poll_s, return_when=FIRST_COMPLETED)
+                for r in running.values():
+                    self._watch(r)
+                for future in done:
+                    self._finish(running.pop(future), future)
+                    self._changed()
+        return self.result()
+
+    def _attempts(self, plan: TrialPlan) -> tuple[dict[str, Any] | None, int, str | None]:
+        """Runs on a pool thread: the trial's launches (a restart resumes its checkpoints)."""
+        error = None
+        for attempt in range(1, self.sweep.retries + 2):
+            try:
+                return self.launch(plan), attempt, None
+            except Exception as exc:  # noqa: BLE001 (any failure of a trial is recorded; the sweep goes on)
+                error = f"{type(exc).__name__}: {exc}"
+                if plan.stop_file.exists():
+                    return None, attempt, error  # asked to stop: not worth a restart
+                if attempt <= self.sweep.retries:
+                    self.log(f"trial {plan.number} failed ({error.splitlines()[0][:300]}); restarting it "
+                             f"from its checkpoints (attempt {attempt + 1} of {self.sweep.retries + 1})")
+                    plan.resumed = True
+        return None, self.sweep.retries + 1, error
+
+    # ------------------------------------------------------------ pruning
+    def _watch(self, r: _Running) -> None:
+        records, r.offset = read_reports(r.plan.report_file, r.offset)
+        for record in records:
+            value, step = record.get(self.objective), record.get("step")
+            if step in r.seen_steps or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            r.seen_steps.add(step)
+            r.last_step, n = step, len(r.seen_steps)
+            r.values.append(float(value))
+            # A resumed trial rereads validations Optuna already holds; reporting one twice is refused.
+            if n not in r.reported:
+                r.trial.report(float(value), n)
+                r.reported.add(n)
+            if r.prune_requested_at is None and r.trial.should_prune():
+                r.prune_requested_at = step
+                request_stop(r.plan.stop_file, f"pruned by the sweep's {self.sweep.pruner} pruner after validation "
+                                               f"{n} ({self.objective} {value:.4g})")
+                self.log(f"trial {r.plan.number} pruned at validation {n} (step {step}, "
+                         f"{self.objective} {value:.4g}); it stops at its next validation")
+
+    def _finish(self, r: _Running, future: Future) -> None:
+        import optuna
+
+        self._watch(r)  # validations written just before the end
+        metrics, attempts, error = future.result()
+        trial = r.trial
+        trial.set_user_attr("attempts", attempts)
+        trial.set_user_attr("wall_s", round(time.monotonic() - r.started, 1))
+        if metrics is not None:
+            trial.set_user_attr("steps", metrics.get("steps"))
+        # Pruned when the training says it stopped for the request (metrics "pruned"), or failed after
+        # it; a trial that finished before its next validation saw the request completed its work.
+        pruned = bool((metrics or {}).get("pruned")) or (metrics is None and r.plan.stop_file.exists())
+        if r.prune_requested_at is not None and not pruned and metrics is not None:
+            self.log(f"trial {r.plan.number} finished before it saw the pruner's request; it counts as complete")
+        if pruned:
+            step = (metrics or {}).get("pruned_at_step") or r.prune_requested_at
+            trial.set_user_attr("pruned_step", step)
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self.log(f"trial {r.plan.number} stopped by the pruner at step {step}")
+            return
+        value = _objective_value(metrics, self.objective)
+        if value is None and metrics is not None and r.values:
+            # A custom training function's trial: the best validation it reported.
+            value = (max if self.study.direction.name == "MAXIMIZE" else min)(r.values)
+        if metrics is None or value is None:
+            why = error or f"it reported no finite validation {self.objective}"
+            trial.set_user_attr("error", why[-2000:])
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self.log(f"trial {r.plan.number} failed after {attempts} attempt(s): {why.splitlines()[0][:300]}")
+            return
+        self.study.tell(trial, value)
+        self.log(f"trial {r.plan.number} finished: {self.objective} {value:.4g} after {metrics.get('steps')} steps")
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(self.records())
+            except Exception:  # noqa: BLE001 (showing progress must not end the sweep)
+                self.log("could not show the sweep's progress:\n" + traceback.format_exc())
+
+    # ------------------------------------------------------------ results
+    def records(self) -> list[TrialRecord]:
+        return trial_records(self.study)
+
+    def result(self) -> SweepResult:
+        records = self.records()
+        done = [r for r in records if r.state == COMPLETE and r.value is not None]
+        maximize = self.study.direction.name == "MAXIMIZE"
+        best = (max if maximize else min)(done, key=lambda r: r.value) if done else None
+        return SweepResult(records=records, best=best, study_name=self.study.study_name,
+                           direction="maximize" if maximize else "minimize", objective=self.objective)
+
+
+def trial_records(study: Any) -> list[TrialRecord]:
+    """Every trial of the study as the platform shows it (unfinished ones as they stand)."""
+    import optuna
+
+    names = {optuna.trial.TrialState.COMPLETE: COMPLETE, optuna.trial.TrialState.PRUNED: PRUNED,
+             optuna.trial.TrialState.FAIL: FAILED, optuna.trial.TrialState.RUNNING: "running",
+             optuna.trial.TrialState.WAITING: "waiting"}
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        out.append(TrialRecord(
+            number=t.number, params=decode_params(t.params), state=names[t.state], value=t.value,
+            last_value=t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None,
+            validations=len(t.intermediate_values), pruned_step=a.get("pruned_step"), steps=a.get("steps"),
+            attempts=a.get("attempts", 1), wall_s=a.get("wall_s"), error=a.get("error"), folder=a.get("folder", "")))
+    return out
+
+
+def _objective_value(metrics: dict[str, Any] | None, objective: str) -> float | None:
+    """The best validation value of the objective: what keep_best kept, since a trial monitors
+    its objective (``trial_overrides``)."""
+    if not metrics:
+        return None
+    if metrics.get("monitor") == objective and isinstance(metrics.get("best_value"), (int, float)):
+        value = float(metrics["best_value"])
+        return value if math.isfinite(value) else None
+    return None
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def trial_overrides(params: dict[str, Any], objective: str, direction: str) -> dict[str, dict[str, Any]]:
+    """The overrides a trial trains with: its parameters, and its objective as the monitored metric,
+    so keep_best keeps the weights the trial is judged by."""
+    from core.sweep import space_overrides
+
+    out = space_overrides(params)
+    out.setdefault("train", {}).update({"monitor": objective,
+                                        "monitor_mode": "max" if direction == "maximize" else "min"})
+    return out

@@ -1,0 +1,157 @@
+"""``train`` (one run with overrides) and ``sweeps`` (a model's sweeps, their trials, trials compared)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipelines.cli.errors import UsageError
+from pipelines.cli.render import DIFF_MARK, format_value, table
+from pipelines.profiles import Profile
+
+
+def _pipeline(model: str):
+    from pipelines.components import yaml_pipelines
+    from pipelines.models import PIPELINES
+
+    specs = [*PIPELINES, *yaml_pipelines()]
+    for spec in specs:
+        if spec.name == model and spec.trains:
+            return spec, specs
+    raise UsageError(f"no model pipeline named {model!r} in this code location; known: "
+                     f"{', '.join(sorted(s.name for s in specs if s.trains))}")
+
+
+def training_run_config(model: str, overrides: dict, sweep: bool | None) -> dict:
+    """The run config that hands ``overrides`` to the model's training op (as the Launchpad does)."""
+    config = dict(overrides)
+    if sweep is not None:
+        config["sweep"] = sweep
+    return {"ops": {f"{model}__checkpoint": {"ops": {f"{model}_distributed_training": {"config": config}}}}}
+
+
+def train_command(args: argparse.Namespace) -> int:
+    import dagster as dg
+
+    from core.overrides import OVERRIDES_TAG, OverrideError, apply_overrides, override_record, overrides_tag, parse_set
+    from pipelines.cli.inspection import print_lineage
+    from pipelines.cli.instance import dagster_instance
+    from pipelines.definitions import build_definitions, training_job_name
+
+    spec, specs = _pipeline(args.model)
+    try:
+        overrides = parse_set(args.set or [])
+        apply_overrides(spec, overrides)  # refused here, before anything runs, as the op would
+    except OverrideError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.no_sweep and spec.sweep is None:
+        raise UsageError(f"pipeline {spec.name!r} declares no sweep; leave out --no-sweep")
+    record = override_record(spec, overrides)
+    profile = Profile.from_environment()
+    owner = spec.dataset or spec.name  # a model on a shared dataset trains in its owner's job too
+    defs = build_definitions(profile, [s for s in specs if s.name in (spec.name, owner) or s.dataset == owner])
+    job = defs.resolve_job_def(training_job_name(spec))
+    tags = {OVERRIDES_TAG: overrides_tag(record)} if record else {}
+    print(f"training {spec.name}" + (f" with {tags[OVERRIDES_TAG]}" if tags else " as its pipeline says")
+          + (" (no sweep)" if args.no_sweep else f" (sweep: {spec.sweep.describe()})" if spec.sweep else ""))
+    with dagster_instance() as instance:
+        result = job.execute_in_process(
+            instance=instance, raise_on_error=False, tags=tags,
+            run_config=training_run_config(spec.name, overrides, False if args.no_sweep else None),
+            asset_selection=[dg.AssetKey([spec.name, "checkpoint"]), dg.AssetKey([spec.name, "model_version"])]
+            if spec.dataset else None)
+    if not result.success:
+        for event in result.all_events:
+            if event.is_failure:
+                print(f"FAILED {event.step_key}: {event.event_specific_data.error.message.strip()}", file=sys.stderr)
+        return 1
+    print(f"Run {result.run_id} succeeded.\n")
+    return print_lineage(profile, spec.name, None, as_json=False)
+
+
+# --- sweeps --------------------------------------------------------------------------------------
+def sweeps_command(args: argparse.Namespace) -> int:
+    import optuna
+
+    from ops.sweep import sweep_storage_url
+    from ops.sweep_trials import trial_records
+    from pipelines.cli.instance import dagster_instance
+
+    with dagster_instance() as instance:
+        storage = sweep_storage_url(instance)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    summaries = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+                 if s.user_attrs.get("model") == args.model]
+    summaries.sort(key=lambda s: s.datetime_start or 0)
+    if args.study:
+        summaries = [s for s in summaries if s.study_name == args.study]
+        if not summaries:
+            raise UsageError(f"model {args.model!r} has no sweep {args.study!r}; `sweeps {args.model}` lists them")
+    if not summaries:
+        print(f"model {args.model!r} has no sweeps (a pipeline with a sweep runs one whenever it trains)")
+        return 0
+    studies = [(s, trial_records(optuna.load_study(study_name=s.study_name, storage=storage))) for s in summaries]
+    if args.compare:
+        (summary, records), = studies[-1:]  # the newest sweep, or the one --study names
+        print(format_trial_compare(summary.study_name, records, args.compare))
+        return 0
+    if args.json:
+        print(json.dumps([{"study": s.study_name, "run_id": s.user_attrs.get("run_id"),
+                           "direction": s.direction.name.lower(), "space": s.user_attrs.get("space"),
+                           "trials": [r.to_dict() for r in records]} for s, records in studies],
+                         indent=2, sort_keys=True))
+        return 0
+    print("\n\n".join(format_sweep(s, records) for s, records in studies))
+    return 0
+
+
+def format_sweep(summary, records: list) -> str:
+    direction = summary.direction.name.lower()
+    done = [r for r in records if r.state == "complete" and r.value is not None]
+    best = (max if direction == "maximize" else min)(done, key=lambda r: r.value) if done else None
+    states = [r.state for r in records]
+    head = (f"{summary.study_name}  (run {summary.user_attrs.get('run_id')}, {direction}, {len(records)} trials: "
+            f"{states.count('complete')} complete, {states.count('pruned')} pruned, {states.count('failed')} failed"
+            + (f"; best trial {best.number}" if best else "") + ")")
+    params = sorted({k for r in records for k in r.params})
+    rows = [["*" if best is not None and r.number == best.number else "", str(r.number), r.state,
+             format_value(r.value), *(format_value(r.params.get(k)) for k in params), str(r.validations),
+             format_value(r.pruned_step), format_value(r.steps)] for r in records]
+    return "\n".join([head, *table(["", "trial", "state", "value", *params, "validations", "pruned at", "steps"],
+                                   rows)])
+
+
+def trial_metrics(record) -> dict:
+    """A trial's training figures, from the metrics.json in its folder (None when it wrote none)."""
+    path = Path(record.folder) / "output" / "metrics.json"
+    if not record.folder or not path.is_file():
+        return {}
+    metrics = json.loads(path.read_text())
+    return {k: metrics.get(k) for k in ("final_loss", "best_value", "best_step", "steps", "samples_per_second",
+                                         "stopped_early")}
+
+
+def format_trial_compare(study: str, records: list, numbers: list[int]) -> str:
+    """Trials side by side: parameters, outcome and training figures; ``*`` marks differences."""
+    by_number = {r.number: r for r in records}
+    missing = [n for n in numbers if n not in by_number]
+    if missing:
+        raise UsageError(f"sweep {study} has no trial {missing[0]}; its trials are {sorted(by_number)}")
+    chosen = [by_number[n] for n in numbers]
+    sections = [("parameters", lambda r: dict(r.params)),
+                ("outcome", lambda r: {"state": r.state, "value": r.value, "validations": r.validations,
+                                       "pruned at step": r.pruned_step, "attempts": r.attempts}),
+                ("training figures", trial_metrics)]
+    lines = [f"{study}: " + " vs ".join(f"trial {n}" for n in numbers)]
+    for name, extract in sections:
+        values = [extract(r) for r in chosen]
+        keys = list(dict.fromkeys(k for v in values for k in v))
+        body = []
+        for key in keys:
+            vals = [v.get(key, "—") for v in values]
+            body.append([DIFF_MARK if any(x != vals[0] for x in vals[1:]) else "", key, *map(format_value, vals)])
+        lines += ["", f"{name}:"]
+        lines.extend(table(["", "field", *(f"trial {n}" for n in numbers)], body) if body else ["  (none)"])
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""The sweep loop around Optuna, with stand-in launches: parallel slots, pruning, crashed trials,
+and a sweep killed mid-way resuming without repeating a trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from core.sweep import Choice, IntRange, LogRange, Sweep
+from ops.sweep_trials import (
+    COMPLETE, FAILED, PRUNED, SweepRunner, decode_params, distributions, open_study, trial_overrides)
+from tests.experiments.fake_trials import VALIDATIONS, FakeLaunches, objective
+
+SPACE = {"train.lr": LogRange(1e-4, 1.0), "model.hidden_sizes": Choice([16], [32, 16])}
+
+
+def _runner(tmp_path, sweep, launches, name="s"):
+    study = open_study(f"sqlite:///{tmp_path / 'optuna.sqlite'}", name, sweep, "minimize")
+    return SweepRunner(sweep, study, objective="loss", trial_root=tmp_path / "trials", launch=launches,
+                       log=lambda line: None, poll_s=0.01)
+
+
+def test_pruned_trials_stop_early_and_free_their_slots(tmp_path):
+    sweep = Sweep(space=SPACE, objective="loss", trials=10, parallelism=2, sampler="random", pruner="median",
+                  startup_trials=2, prune_after_validations=1, seed=0)
+    launches = FakeLaunches()
+    result = _runner(tmp_path, sweep, launches).run()
+
+    states = [r.state for r in result.records]
+    assert len(states) == 10 and launches.peak == 2  # never more than the sweep's parallelism
+    assert PRUNED in states and COMPLETE in states
+    for r in result.records:
+        if r.state == PRUNED:
+            # Stopped at the validation after the one that decided it, not run to the end.
+            assert launches.validations[r.number] < VALIDATIONS
+            assert r.pruned_step == launches.validations[r.number] * 10
+        else:
+            assert launches.validations[r.number] == VALIDATIONS
+    # Every trial ran exactly once: a pruned trial's slot went to the next one.
+    assert sorted(launches.launched) == list(range(10))
+    # The UI's table: one row per trial, every row with every column.
+    from ops.sweep import trials_table
+
+    table = trials_table(result.records)
+    assert [row.data["trial"] for row in table.records] == list(range(10))
+    assert {row.data["state"] for row in table.records} == {COMPLETE, PRUNED}
+    assert all(row.data["pruned_step"] for row in table.records
+               if row.data["state"] == PRUNED)
+    assert all(r.last_value is not None for r in result.records)
+    best = min((r for r in result.records if r.state == COMPLETE), key=lambda r: r.value)
+    assert result.best.number == best.number
+    assert result.best.value == pytest.approx(objective(best.params, VALIDATIONS))
+
+
+def test_a_crashed_trial_restarts_once_then_counts_as_failed_and_the_sweep_goes_on(tmp_path):
+    sweep = Sweep(space=SPACE, objective="loss", trials=3, parallelism=1, sampler="random", pruner="none", retries=1)
+    launches = FakeLaunches(crash={0: 1, 1: 5})  # trial 0 crashes once, trial 1 every time
+    result = _runner(tmp_path, sweep, launches).run()
+
+    by_number = {r.number: r for r in result.records}
+    assert by_number[0].state == COMPLETE and by_number[0].attempts == 2
+    assert by_number[1].state == FAILED and by_number[1].attempts == 2
+    assert "worker of trial 1 died" in by_number[1].error
+    assert by_number[2].state == COMPLETE
+    assert launches.launched == [0, 0, 1, 1, 2]
+
+
+def test_spaces_become_optuna_distributions_and_lists_survive_the_storage(tmp_path):
+    sweep = Sweep(space={**SPACE, "train.epochs": IntRange(2, 8, step=2)}, objective="loss", trials=4,
+                  parallelism=1, sampler="random", pruner="none")
+    d = distributions(sweep)
+    assert d["train.lr"].log and d["train.epochs"].step == 2
+    launches = FakeLaunches(delay_s=0.0)
+    result = _runner(tmp_path, sweep, launches).run()
+    for r in result.records:
+        assert r.params["model.hidden_sizes"] in ([16], [32, 16]) and r.params["train.epochs"] in (2, 4, 6, 8)
+    assert trial_overrides({"train.lr": 0.1, "model.hidden_sizes": [8]}, "accuracy", "maximize") == {
+        "train": {"lr": 0.1, "monitor": "accuracy", "monitor_mode": "max"}, "model": {"hidden_sizes": [8]}}
+    assert decode_params({"a": 'json:[1, 2]', "b": 3}) == {"a": [1, 2], "b": 3}
+
+
+WORKER = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.experiments.test_sweep_trials import _runner, KILL_SWEEP
+from tests.experiments.fake_trials import FakeLaunches
+runner = _runner(Path({tmp!r}), KILL_SWEEP, FakeLaunches(delay_s=0.15))
+runner.run()
+"""
+KILL_SWEEP = Sweep(space=SPACE, objective="loss", trials=6, parallelism=2, sampler="tpe", pruner="none",
+                   startup_trials=2, seed=1)
+
+
+def test_a_killed_sweep_resumes_where_it_stopped_without_repeating_a_trial(tmp_path):
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen([sys.executable, "-c", WORKER.format(root=root, tmp=str(tmp_path))],
+                            start_new_session=True)
+    storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # kill it once two trials finished and others run
+            try:
+                trials = optuna.load_study(study_name="s", storage=storage).trials
+            except KeyError:
+                trials = []
+            if sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) >= 2 and any(
+                    t.state == optuna.trial.TrialState.RUNNING for t in trials):
+                break
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    before = optuna.load_study(study_name="s", storage=storage).trials
+    finished = {t.number for t in before if t.state.is_finished()}
+    cut_off = {t.number for t in before if t.state == optuna.trial.TrialState.RUNNING}
+    assert finished and cut_off
+
+    launches = FakeLaunches(delay_s=0.0)
+    result = _runner(tmp_path, KILL_SWEEP, launches).run()
+
+    assert not finished & set(launches.launched)  # finished trials never run again
+    assert cut_off <= set(launches.launched)  # cut-off trials resume under their own numbers
+    assert len(result.records) == 6 and all(r.state == COMPLETE for r in result.records)
+    assert len(launches.launched) == 6 - len(finished)
+    # Their validations were read again from their files, not reported twice.
+    for r in result.records:
+        assert r.validations == VALIDATIONS
+    assert json.loads((Path(result.records[0].folder) / "metrics.json").read_text())["best_value"] is not None
