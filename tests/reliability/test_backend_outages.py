@@ -36,6 +36,8 @@ def lakefs(tmp_path, monkeypatch):
         yield server
 
 
+# make reliability runs it (all its cases); make test leaves it out to stay near its 25 minutes.
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_store_errors_shorter_than_the_retry_budget_are_survived(tmp_path, lakefs, ledger, case):
     rng = random.Random(case)

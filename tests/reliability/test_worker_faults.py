@@ -55,6 +55,8 @@ def test_worker_killed_mid_step_resumes_to_the_same_weights(problem, ledger, cas
     assert ok, done.stderr[-3000:]
 
 
+# make reliability runs it (all its cases); make test keeps the kill mid-step (same resume path).
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_worker_killed_mid_checkpoint_write_resumes_to_the_same_weights(problem, ledger, case):
     """Rank 0 (the writer) SIGKILLs itself inside the write of a random checkpoint: the state file
