@@ -6,7 +6,7 @@ shard's samples (num_samples x prod(feature_shape) float32, C order), then all l
 (num_samples int64), little-endian, nothing else in the file. Readers memory-map the file and
 slice whole batches without decoding sample by sample.
 
-Regression and multi-label tables use shard format v2 (``training_runtime.shard_format``):
+Regression and multi-label tables use shard format v2 (``training_runtime.data.shard_format``):
 columns ``features`` (float32, feature_shape), ``target`` (float32: a scalar in the source's
 units, or k 0/1 values) and ``id`` (str). Same split, same normalisation of the features.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from training_runtime.shard_format import FORMAT_V2, Column, ShardWriter
+from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
 
 MANIFEST_FORMAT = "model-factory.shards/v1"
 SPLITS = ("train", "validation", "test")

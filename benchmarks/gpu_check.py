@@ -37,7 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from training_runtime.shard_format import FORMAT_V2, Column, ShardWriter  # noqa: E402
+from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter  # noqa: E402
 
 SECTION_START = "<!-- gpu-check:start -->"
 SECTION_END = "<!-- gpu-check:end -->"
@@ -128,7 +128,7 @@ def lm_flops_per_token(n_params_non_embedding: int, layers: int, d_model: int, s
 
 
 def count_params(model_kwargs: dict, seq_len: int, vocab: int) -> tuple[int, int]:
-    from training_runtime.models import TransformerLM
+    from training_runtime.models.builtin import TransformerLM
 
     with torch.device("meta"):
         m = TransformerLM([seq_len], vocab, **model_kwargs)

@@ -154,7 +154,7 @@ def _digest(ids: list[str], pixels) -> str:
 
 
 def _platform_samples(manifest: dict, out: Path) -> tuple[list[str], list[np.ndarray]]:
-    from training_runtime.shard_format import ShardColumns, columns_from_manifest
+    from training_runtime.data.shard_format import ShardColumns, columns_from_manifest
 
     columns = columns_from_manifest(manifest)
     ids, pixels = [], []

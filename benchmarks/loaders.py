@@ -55,7 +55,8 @@ def warm_page_cache(root: Path) -> None:
 def ours(data: Path, workers: int, seed: int, before: bool = False):
     import torch
 
-    from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
+    from training_runtime.data.v1 import PrefetchLoader, SplitData
+    from training_runtime.data.sampling import epoch_indices
 
     if before:
         from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811

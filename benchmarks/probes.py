@@ -47,7 +47,9 @@ def _limit_data(extra_mb: float | None) -> int | None:
 def stall(a: dict) -> dict:
     import torch
 
-    from training_runtime.data import PrefetchLoader, SplitData, chained_epochs, epoch_indices
+    from training_runtime.data.v1 import PrefetchLoader, SplitData
+    from training_runtime.data.prefetch import chained_epochs
+    from training_runtime.data.sampling import epoch_indices
 
     if a.get("before"):
         from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811
@@ -198,7 +200,7 @@ def preprocess(a: dict) -> dict:
 def _train_state(hidden: int, layers: int):
     import torch
 
-    from training_runtime import checkpoint as ckpt
+    from training_runtime.checkpoint import full as ckpt
 
     torch.manual_seed(0)
     mods = []
@@ -217,7 +219,7 @@ def _train_state(hidden: int, layers: int):
 def checkpoint(a: dict) -> dict:
     import torch
 
-    from training_runtime import checkpoint as ckpt
+    from training_runtime.checkpoint import full as ckpt
 
     state = _train_state(a["hidden"], a["layers"])
     buf = io.BytesIO()
@@ -275,7 +277,8 @@ def checkpoint(a: dict) -> dict:
 def load(a: dict) -> dict:
     import torch
 
-    from training_runtime.data import PrefetchLoader, SplitData, epoch_indices
+    from training_runtime.data.v1 import PrefetchLoader, SplitData
+    from training_runtime.data.sampling import epoch_indices
 
     data = Path(a["data"])
     man = json.loads((data / "shards" / "manifest.json").read_text())

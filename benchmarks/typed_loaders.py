@@ -57,7 +57,7 @@ def _synthetic_image(rng: np.random.Generator) -> np.ndarray:
 
 def _write_v2(out: Path, columns, samples_of, total: int, per_shard: int) -> dict:
     """v2 shards in out/shards (train split only), ``samples_of(start, n)`` making each shard's values."""
-    from training_runtime.shard_format import FORMAT_V2, ShardWriter
+    from training_runtime.data.shard_format import FORMAT_V2, ShardWriter
 
     manifest_path = out / "shards" / "manifest.json"
     if manifest_path.exists():
@@ -79,7 +79,7 @@ def _write_v2(out: Path, columns, samples_of, total: int, per_shard: int) -> dic
 def write_images(out: Path, images: int, seed: int = 0) -> dict:
     import simplejpeg
 
-    from training_runtime.shard_format import Column
+    from training_runtime.data.shard_format import Column
 
     rng = np.random.default_rng(seed)
     columns = [Column("jpeg", "bytes", "input"), Column("label", "ndarray", "target", "int64"),
@@ -93,7 +93,7 @@ def write_images(out: Path, images: int, seed: int = 0) -> dict:
 
 
 def write_tokens(out: Path, windows: int, seed: int = 0) -> dict:
-    from training_runtime.shard_format import Column
+    from training_runtime.data.shard_format import Column
 
     rng = np.random.default_rng(seed)
     columns = [Column("tokens", "ndarray", "input", "int32", (TOKENS,))]
@@ -109,7 +109,7 @@ def _shard_bytes(out: Path) -> dict:
 
 
 def _open(data: Path):
-    from training_runtime.typed_loader import TypedSplit
+    from training_runtime.data.loader import TypedSplit
 
     man = json.loads((data / "shards" / "manifest.json").read_text())
     paths = [data / "shards" / s["path"] for s in man["splits"]["train"]["shards"]]
@@ -126,10 +126,10 @@ def read_jpegs(data: Path) -> tuple[list[bytes], np.ndarray]:
 def ours_images(data: Path, threads: int, seed: int, augment: bool = False):
     import torch
 
-    from training_runtime.data import epoch_indices
-    from training_runtime.typed_augment import ImageAugment
-    from training_runtime.typed_decode import ImageDecoder
-    from training_runtime.typed_loader import TypedLoader
+    from training_runtime.data.sampling import epoch_indices
+    from training_runtime.data.augment import ImageAugment
+    from training_runtime.data.decode import ImageDecoder
+    from training_runtime.data.loader import TypedLoader
 
     split = _open(data)
     aug = {"jpeg": ImageAugment(crop=CROP)} if augment else {}
@@ -148,8 +148,8 @@ def ours_images(data: Path, threads: int, seed: int, augment: bool = False):
 def ours_tokens(data: Path, threads: int, seed: int):
     import torch
 
-    from training_runtime.data import epoch_indices
-    from training_runtime.typed_loader import TypedLoader
+    from training_runtime.data.sampling import epoch_indices
+    from training_runtime.data.loader import TypedLoader
 
     split = _open(data)
 
@@ -162,7 +162,7 @@ def ours_tokens(data: Path, threads: int, seed: int):
 def _chained(make_loader, num_samples: int, x: str, y: str):
     """Epochs chained as the trainer chains them (each epoch's loader starts the next one's);
     ``measure`` sees one endless epoch."""
-    from training_runtime.data import chained_epochs
+    from training_runtime.data.prefetch import chained_epochs
 
     def epoch(e: int):
         if e:

@@ -1,5 +1,5 @@
 """The code version a model was trained with: the git commit of this checkout, or, in an image
-built without .git, the commit its build recorded (training_runtime/build_info.py's BUILD.json).
+built without .git, the commit its build recorded (training_runtime/observe/build_info.py's BUILD.json).
 
 ``python -m core.code_version --build-args`` prints the ``docker build`` arguments that record this
 checkout's version in an image (helm/images/*.Dockerfile), so image and orchestrator compute it alike.
@@ -23,7 +23,7 @@ def code_version(repo_root: Path = REPO_ROOT) -> dict:
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo_root,
                                 capture_output=True, text=True, check=True, timeout=10).stdout
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        from training_runtime.build_info import build_info_path, read_build_info
+        from training_runtime.observe.build_info import build_info_path, read_build_info
 
         recorded = read_build_info(build_info_path())
         if recorded is not None:

@@ -50,7 +50,7 @@ def build_lineage_record(
         },
         "code": code_version(),
         "environment": {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform()},
-        # What the training processes reported about themselves (training_runtime/pod_lineage.py):
+        # What the training processes reported about themselves (training_runtime/observe/pod_lineage.py):
         # image and digest, the image's build, torch/CUDA/NCCL, GPU models and nodes. None for
         # trainings whose runtime predates it.
         "pod": resolved_config.get("pod"),
@@ -61,7 +61,7 @@ def build_lineage_record(
             "backend": resolved_config.get("backend", metrics.get("backend")),
             # The artifact folder of every rank's output (ops/rank_logs.py); older checkpoints have none.
             "logs": checkpoint.get("logs_uri"),
-            # What the runtime's guards detected (training_runtime/guards.py): NaN, spikes, stragglers ...
+            # What the runtime's guards detected (training_runtime/observe/guards.py): NaN, spikes, stragglers ...
             "detections": list(metrics.get("detections") or []),
             "nonfinite_skipped": metrics.get("nonfinite_skipped", 0),
         },

@@ -558,7 +558,7 @@ class PipelineSpec:
 
     def _check_training_fields(self, n: str) -> None:
         """The task, a user training function, validation settings and the gate's metrics."""
-        from training_runtime.task_names import OPTIONAL_METRICS, TASK_METRICS  # without importing torch
+        from training_runtime.tasks.names import OPTIONAL_METRICS, TASK_METRICS  # without importing torch
 
         custom_task = ":" in self.task
         if custom_task and not re.fullmatch(r"[\w.]+:[\w.]+", self.task):
@@ -772,7 +772,7 @@ def _check_module_exists(pipeline: str, field_name: str, path: str) -> None:
 
 
 def _check_model_name(pipeline: str, model: str) -> None:
-    from training_runtime.model_names import BUILTIN_MODELS  # without importing torch
+    from training_runtime.models.names import BUILTIN_MODELS  # without importing torch
 
     if ":" in model:
         module, _, attr = model.partition(":")

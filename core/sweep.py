@@ -186,7 +186,7 @@ def check_sweep(spec: Any) -> None:
 def _check_objective(spec: Any) -> None:
     """The objective must be a validation metric the task reports (built-in tasks: known now;
     a custom task's metrics are known when the training op imports it)."""
-    from training_runtime.task_names import OPTIONAL_METRICS, TASK_METRICS  # without importing torch
+    from training_runtime.tasks.names import OPTIONAL_METRICS, TASK_METRICS  # without importing torch
 
     sweep = spec.sweep
     if ":" in spec.task or spec.task not in TASK_METRICS:
@@ -205,7 +205,7 @@ def direction_of(spec: Any) -> str:
     sweep = spec.sweep
     if sweep.direction:
         return sweep.direction
-    from training_runtime.task_names import metric_mode  # without importing torch
+    from training_runtime.tasks.names import metric_mode  # without importing torch
 
     return "maximize" if metric_mode(spec.task, objective_metric(spec)) == "max" else "minimize"
 

@@ -56,9 +56,9 @@ def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -
     export checked against PyTorch on test samples, and (language models) a few continuations.
     The export, its check and the continuations always run here, on CPU: they read a few hundred
     test samples, and serving runs the ONNX file on CPU too."""
-    from training_runtime.data import sha256_file
-    from training_runtime.evaluate import evaluate
-    from training_runtime.model_card import load_model
+    from training_runtime.data.shards import sha256_file
+    from training_runtime.serve.evaluate import evaluate
+    from training_runtime.serve.card import load_model
 
     pinned = read_pinned_shards(store, shards["commit_id"], shards["manifest_path"])
     ckpt_dir = checkpoint["weights_path"].rsplit("/", 1)[0] + "/"
@@ -82,7 +82,7 @@ def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -
         onnx = export_row(loaded, samples, out / ONNX_FILE)
         continuations = []
         if loaded.info.task == "language_modeling":
-            from training_runtime.text_samples import sample_continuations
+            from training_runtime.serve.text_samples import sample_continuations
 
             continuations = sample_continuations(loaded, samples["tokens"][:CONTINUATIONS])
         files = {name: (out / name).read_bytes() for name in (*VERSION_FILES, TOKENIZER_FILE, ONNX_FILE)
@@ -96,7 +96,7 @@ def evaluate_checkpoint(store: VersionedStore, checkpoint: dict, shards: dict) -
 def training_job_metrics(store: VersionedStore, checkpoint: dict, weights_sha256: str) -> tuple[dict | None, str]:
     """The test and validation metrics the training job committed beside the weights (recipe
     evaluate_on "training") when they are of the weights whose sha256 is given, else None; and why."""
-    from training_runtime.evaluate_after_training import EVALUATION_FILE, evaluation_for_weights
+    from training_runtime.serve.evaluate_after_training import EVALUATION_FILE, evaluation_for_weights
 
     path = checkpoint["weights_path"].rsplit("/", 1)[0] + "/" + EVALUATION_FILE
     record = None
@@ -113,10 +113,10 @@ def test_inputs(pinned, loaded) -> dict:
     """The first ONNX_CHECK_SAMPLES test samples: the model's inputs, and the raw token windows."""
     import numpy as np
 
-    from training_runtime.batches import columns_of, split_loader
-    from training_runtime.data import resolve_shards
-    from training_runtime.data_info import model_batch
-    from training_runtime.typed_split import open_split
+    from training_runtime.data.batches import columns_of, split_loader
+    from training_runtime.data.shards import resolve_shards
+    from training_runtime.data.info import model_batch
+    from training_runtime.data.split import open_split
 
     cache = str(Path(tempfile.gettempdir()) / "training_runtime_shard_cache")
     paths = resolve_shards(pinned.manifest, pinned.locations, "test", cache, pinned.s3_endpoint_url, verify=False)
@@ -142,7 +142,7 @@ def torch_cpu():
 def export_row(loaded, samples: dict, path: Path) -> dict:
     """The ONNX export of the model, checked by onnxruntime against PyTorch on test samples; a
     failed export is a row that says why, not a failed registration (the weights serve anyway)."""
-    from training_runtime.export import export_and_check
+    from training_runtime.serve.export import export_and_check
 
     return export_and_check(loaded.model, samples["inputs"], path)
 

@@ -7,7 +7,7 @@ training platform needs and Optuna's own ``study.optimize`` cannot give:
   run in a thread that only waits for it, ``parallelism`` at a time;
 - every call into the study (ask, report, should_prune, tell) happens on the calling thread, so
   the storage sees one writer;
-- the validations a trial writes (training_runtime/trial_channel.py) are read as they come and
+- the validations a trial writes (training_runtime/train/trial_channel.py) are read as they come and
   reported to the pruner; a pruned trial is asked to stop, stops at its next validation and frees
   its slot for the next trial;
 - a crashed trial is restarted ``retries`` times, resuming its own checkpoints, then counted as
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.sweep import Choice, Range, Sweep, grid_of
-from training_runtime.trial_channel import read_reports, request_stop
+from training_runtime.train.trial_channel import read_reports, request_stop
 
 # What a finished trial's record says about it (Optuna's states, in words the lineage shows).
 COMPLETE, PRUNED, FAILED = "complete", "pruned", "failed"

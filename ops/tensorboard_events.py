@@ -1,7 +1,7 @@
 """A training run's TensorBoard event files, copied into the artifact store beside its weights.
 
 The runtime writes them on rank 0 in ``<checkpoint.dir>/../tensorboard`` on the run's work volume
-(training_runtime/tensorboard_log.py); every attempt and retry of the run appends there. The
+(training_runtime/observe/tensorboard.py); every attempt and retry of the run appends there. The
 training op copies the directory to ``models/<model>/checkpoints/<run_id>/tensorboard/`` and hands
 the location on with the checkpoint, so the version's lineage record names it and
 ``python -m pipelines tensorboard <model>`` finds it. Housekeeping treats the keys like the
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from resources.artifacts.base import ArtifactStore
-from training_runtime.tensorboard_log import EVENT_DIR_NAME, event_dir
+from training_runtime.observe.tensorboard import EVENT_DIR_NAME, event_dir
 
 EVENT_FILE_MARKER = "tfevents"  # TensorBoard's event file names: events.out.tfevents.<time>.<host>...
 

@@ -85,7 +85,7 @@ def run_distributed_training(
     validation_files: tuple[Path, Path] | None = None, label: str = "",
 ) -> TrainingResult:
     """Train on the shards at their pinned commit; resumes from ``work_dir``'s checkpoints.
-    ``validation_files``: a sweep trial's (report, stop) files (training_runtime/trial_channel.py)."""
+    ``validation_files``: a sweep trial's (report, stop) files (training_runtime/train/trial_channel.py)."""
     pinned = read_pinned_shards(store, shards["commit_id"], shards["manifest_path"])
     output_dir = work_dir / "output"
     config = training.runtime_config(
@@ -130,8 +130,8 @@ def check_user_code(spec: PipelineSpec) -> None:
     one argument, a model factory must be callable, a task must be a Task whose metrics cover the
     quality gate (built-in tasks' gates are checked when definitions load)."""
     from training_runtime.config import ConfigError
-    from training_runtime.models import resolve_factory
-    from training_runtime.user_loop import resolve_train_fn
+    from training_runtime.models.builtin import resolve_factory
+    from training_runtime.train.user_loop import resolve_train_fn
 
     try:
         if spec.train is not None:
@@ -143,7 +143,7 @@ def check_user_code(spec: PipelineSpec) -> None:
         raise dg.Failure(description=f"pipeline {spec.name!r}, field {field!r}: {exc}", allow_retries=False) from exc
     if ":" not in spec.task:
         return
-    from training_runtime.tasks import task_class
+    from training_runtime.tasks.registry import task_class
 
     try:
         cls = task_class(spec.task)

@@ -28,14 +28,8 @@ from core.registry import (
     version_tag,
 )
 from resources.store.base import VersionedStore
-from training_runtime.model_card import (
-    CARD_FILE,
-    LEGACY_CONFIG_FILE,
-    LEGACY_WEIGHTS_FILE,
-    LoadedModel,
-    read_card,
-)
-from training_runtime.model_card import load_model as load_model_dir
+from training_runtime.serve.card import CARD_FILE, LEGACY_CONFIG_FILE, LEGACY_WEIGHTS_FILE, LoadedModel, read_card
+from training_runtime.serve.card import load_model as load_model_dir
 
 CSV_BATCH_ROWS = 4096  # rows run through the model at a time
 
@@ -290,7 +284,7 @@ def text_input(loaded: LoadedModel, text: str) -> torch.Tensor:
 def continue_prompt(loaded: LoadedModel, prompt: str, *, max_new_tokens: int, seed: int, temperature: float,
                     top_k: int | None) -> dict:
     """A language model's sampled continuation of ``prompt``, decoded up to the end-of-text token."""
-    from training_runtime.generate import generate
+    from training_runtime.serve.generate import generate
 
     if max_new_tokens < 1:
         raise PredictionInputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")

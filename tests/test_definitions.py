@@ -74,7 +74,7 @@ def test_kubernetes_profile_loads_with_the_charts_settings(monkeypatch, tmp_path
 
 def test_loading_definitions_imports_neither_torch_nor_great_expectations(tmp_path):
     # Every Dagster process (webserver, daemon, code server, run worker) loads them; torch alone
-    # takes seconds to import. Model names are checked against training_runtime.model_names.
+    # takes seconds to import. Model names are checked against training_runtime.models.names.
     probe = ("import sys, pipelines.definitions as d; d.defs.resolve_asset_graph(); "
              "print(sorted(m for m in ('torch', 'great_expectations', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,

@@ -92,6 +92,52 @@ def test_the_checker_finds_an_upward_import_and_a_circle(tmp_path):
     assert import_circles(modules) == [["ops.a", "ops.b"]]
 
 
+# The runtime's own packages, lowest first (training_runtime/README.md says why this order). A module
+# may import its own package and those below it; top-level modules count as packages of their own.
+RUNTIME_LAYERS = ["atomic_files", "data", "models", "tasks", "config", "distributed", "checkpoint",
+                  "observe", "serve", "train", "examples", "__main__"]
+
+
+def runtime_package(module: str) -> str:
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def upward_runtime_imports(modules: dict[str, Path]) -> list[str]:
+    rank = {name: i for i, name in enumerate(RUNTIME_LAYERS)}
+    bad = []
+    for name, path in sorted(modules.items()):
+        if not name.startswith("training_runtime."):
+            continue
+        mine = runtime_package(name)
+        for target in sorted(imports_of(path, modules)):
+            theirs = runtime_package(target)
+            if theirs == "__init__" or theirs == mine:
+                continue
+            if mine not in rank or theirs not in rank or rank[theirs] > rank[mine]:
+                bad.append(f"{name} imports {target} (training_runtime.{mine} may import only "
+                           f"{RUNTIME_LAYERS[:rank.get(mine, -1) + 1]})")
+    return bad
+
+
+def test_runtime_packages_import_downwards():
+    assert upward_runtime_imports(project_modules()) == []
+
+
+def test_every_runtime_module_sits_in_a_known_package():
+    unknown = sorted(name for name in project_modules() if name.startswith("training_runtime.")
+                     and runtime_package(name) not in RUNTIME_LAYERS)
+    assert unknown == [], f"{unknown}: put them in a package of RUNTIME_LAYERS (or add a package there)"
+
+
+def test_the_runtime_checker_finds_an_upward_import(tmp_path):
+    (tmp_path / "a.py").write_text("from training_runtime.train.context import TrainingContext\n")
+    (tmp_path / "b.py").write_text("")
+    modules = {"training_runtime.data.a": tmp_path / "a.py", "training_runtime.train.context": tmp_path / "b.py"}
+    assert upward_runtime_imports(modules) == [
+        "training_runtime.data.a imports training_runtime.train.context (training_runtime.data may import only "
+        "['atomic_files', 'data'])"]
+
+
 def test_team_code_imports_only_the_public_api():
     """A team's location (teams/) uses pipelines.api, never the platform's internals."""
     modules = project_modules()

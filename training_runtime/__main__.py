@@ -21,17 +21,17 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .build_info import verify_image
-from .config import ConfigError, RunConfig
-from .distributed import close_distributed, init_distributed
-from .error_file import AtomicErrorHandler
-from .numerics import configure_numerics
-from .pod_lineage import gather_pod_record
-from .telemetry import LogReporter
-from .tensorboard_log import tensorboard_reporting
-from .context import TrainingContext
-from .trainer import FaultInjection, Trainer
-from .user_loop import run_train_fn
+from training_runtime.config import ConfigError, RunConfig
+from training_runtime.distributed.process_group import close_distributed, init_distributed
+from training_runtime.observe.build_info import verify_image
+from training_runtime.observe.error_file import AtomicErrorHandler
+from training_runtime.observe.pod_lineage import gather_pod_record
+from training_runtime.observe.telemetry import LogReporter
+from training_runtime.observe.tensorboard import tensorboard_reporting
+from training_runtime.train.context import TrainingContext
+from training_runtime.train.numerics import configure_numerics
+from training_runtime.train.trainer import FaultInjection, Trainer
+from training_runtime.train.user_loop import run_train_fn
 
 FAULT_ENV = "TRAINING_RUNTIME_FAULT_KILL_AT_STEP"
 SLOW_RANK_ENV = "TRAINING_RUNTIME_FAULT_SLOW_RANK"  # RANK:SECONDS slept before each forward (a straggler)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
     if rank == 0 and os.environ.get("DAGSTER_PIPES_CONTEXT"):
-        from .pipes import PipesReporter
+        from training_runtime.observe.pipes import PipesReporter
 
         reporting = PipesReporter()
     else:
@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             context = TrainingContext(cfg, info, reporter, restarts, fault)
             context.pod_record = gather_pod_record(info, build)
             # Rank 0 also writes TensorBoard event files beside the checkpoints (telemetry.tensorboard).
-            with tensorboard_reporting(context) as context.reporter:
+            with tensorboard_reporting(
+                    context.reporter, enabled=context.is_main and context.config.telemetry.tensorboard,
+                    checkpoint_dir=context.config.checkpoint.dir,
+                    resumed_from_step=lambda: context.resumed_from_step) as context.reporter:
                 if cfg.train_fn is not None:
                     run_train_fn(context)
                 else:
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.evaluation.enabled and info.is_main:
             # After the process group is closed: the other ranks have finished, and no collective
             # timeout bounds one rank's pass over the whole test split.
-            from .evaluate_after_training import EVALUATION_FILE, evaluate_after_training
+            from training_runtime.serve.evaluate_after_training import EVALUATION_FILE, evaluate_after_training
 
             evaluation = evaluate_after_training(cfg, info.device)
             reporter.info(f"evaluated the written model on {evaluation['device']}: wrote {EVALUATION_FILE} "

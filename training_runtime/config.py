@@ -377,7 +377,7 @@ class RunConfig:
         return ["train", "validation"] if self.validation.enabled else ["train"]
 
     def data_info(self):
-        from .data_info import DataInfo, DataInfoError
+        from training_runtime.data.info import DataInfo, DataInfoError
 
         try:
             return DataInfo.from_manifest(self.data.manifest)
@@ -385,7 +385,7 @@ class RunConfig:
             raise ConfigError(f"data.manifest cannot be trained on: {e}") from e
 
     def task_object(self):
-        from .tasks import resolve_task
+        from training_runtime.tasks.registry import resolve_task
 
         try:
             return resolve_task(self.task, self.data_info())
@@ -400,13 +400,13 @@ class RunConfig:
             return metric, self.validation.mode
         if metric == task.monitor[0]:
             return metric, task.monitor[1]
-        from .task_names import LOWER_IS_BETTER
+        from training_runtime.tasks.names import LOWER_IS_BETTER
 
         return metric, "min" if metric in LOWER_IS_BETTER else "max"
 
     def model_build(self):
         """The ModelBuild (factory, input shape, outputs, data kwargs) for this run's data and task."""
-        from .build import check_builds, model_build
+        from training_runtime.models.build import check_builds, model_build
 
         m = self.model
         _check_model_name(m.name)
@@ -451,7 +451,7 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _check_model_name(name: str) -> None:
-    from .model_names import BUILTIN_MODELS
+    from training_runtime.models.names import BUILTIN_MODELS
 
     if name in BUILTIN_MODELS:
         return
@@ -526,7 +526,7 @@ def validate_manifest(man: Any, where: str = "manifest") -> None:
 
 
 def _validate_v2_manifest(man: dict, where: str) -> None:
-    from .shard_format import ShardFormatError, columns_from_manifest
+    from training_runtime.data.shard_format import ShardFormatError, columns_from_manifest
 
     try:
         columns = columns_from_manifest(man)

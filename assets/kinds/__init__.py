@@ -6,7 +6,7 @@ suites, shard format v1). Image folders and text corpora go through a ``DataKind
 - ``ingest`` validates the source files chunk by chunk (bounded memory) and writes the raw copy
   that ``raw_dataset`` commits (``datasets/<name>/raw/<raw_name>``), with a ``QualityReport``
   of its checks (Great Expectations where it fits, plain checks reported the same way);
-- ``shard`` turns that copy into typed-column shards (format v2, training_runtime/shard_format.py)
+- ``shard`` turns that copy into typed-column shards (format v2, training_runtime/data/shard_format.py)
   under ``out_dir`` and returns their manifest;
 - ``check_shards`` validates the shards written (counts, fractions, labels, checksums, and what
   the kind knows about its samples).

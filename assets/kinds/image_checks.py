@@ -1,7 +1,7 @@
 """Checks on the image shards just written: counts and fractions per split, labels, checksums,
 the id order, and that JPEG samples decode to the declared size.
 
-The shard files are read back through ``training_runtime.shard_format.ShardColumns``, as the
+The shard files are read back through ``training_runtime.data.shard_format.ShardColumns``, as the
 training loader reads them. Great Expectations validates two tables (``samples``: split and
 label of every sample; ``splits``: one row per split); what only a file can tell (a checksum,
 a sample that does not decode) is a plain failure naming the shard and the sample.
@@ -20,7 +20,7 @@ from assets.quality.runner import QualityReport, run_suite
 from assets.sharding import SPLITS
 from assets.source import file_sha256
 from core.spec import PipelineSpec
-from training_runtime.shard_format import ShardColumns, ShardFormatError, columns_from_manifest
+from training_runtime.data.shard_format import ShardColumns, ShardFormatError, columns_from_manifest
 
 MIN_FRACTION_TOLERANCE = 0.05
 DECODED_PER_SHARD = 3  # JPEG samples decoded per shard: first, middle and last

@@ -21,7 +21,7 @@ from assets.kinds.image_decode import BACKGROUND, load_function, preprocessing_c
 from assets.kinds.image_pool import WorkerPool, preprocess_task, task_size
 from assets.sharding import SPLITS, assign_splits
 from core.spec import ImagePreprocessing, PipelineSpec
-from training_runtime.shard_format import FORMAT_V2, Column, ShardWriter
+from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
 
 SPLIT_BY = "id (the image's path relative to the image folder)"
 

@@ -49,7 +49,7 @@ from assets.quality.runner import QualityReport
 from assets.sharding import SPLITS, assign_splits
 from assets.source import file_sha256
 from core.spec import PipelineSpec, TextPreprocessing
-from training_runtime.shard_format import FORMAT_V2
+from training_runtime.data.shard_format import FORMAT_V2
 
 RAW_NAME = "documents.parquet"
 ID_BYTES_ESTIMATE = 32  # a document id's typical UTF-8 size, for sizing shards in bytes

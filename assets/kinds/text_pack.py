@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training_runtime.shard_format import Column, ShardWriter
+from training_runtime.data.shard_format import Column, ShardWriter
 
 
 def lm_columns(seq_len: int, dtype: str) -> list[Column]:

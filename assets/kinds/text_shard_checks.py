@@ -20,7 +20,7 @@ from assets.kinds.text_tokens import BpeTokenizer
 from assets.quality.runner import QualityReport, run_suite
 from assets.sharding import SPLITS
 from core.spec import PipelineSpec
-from training_runtime.shard_format import ShardColumns, ShardFormatError, columns_from_manifest
+from training_runtime.data.shard_format import ShardColumns, ShardFormatError, columns_from_manifest
 
 # A seeded hash split of n documents puts a share p of them in a split give or take
 # sqrt(p(1 - p) / n); allow four of those (a false alarm about once in 15,000 datasets) or

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from assets.sharding import SPLITS, decode_shard
-from training_runtime.shard_format import FORMAT_V2, ShardColumns, columns_from_manifest
+from training_runtime.data.shard_format import FORMAT_V2, ShardColumns, columns_from_manifest
 
 
 def label_text(value) -> str:
@@ -139,7 +139,7 @@ def _split_table(manifest: dict, checksums: dict[str, bool]) -> pd.DataFrame:
 def _target_shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.DataFrame]:
     """``shard_tables`` of a v2 table (regression or multi-label targets). Each shard file is copied
     from the store to a temporary file and read the way the trainer reads it
-    (``training_runtime.shard_format.ShardColumns``); one at a time, so memory holds one shard."""
+    (``training_runtime.data.shard_format.ShardColumns``); one at a time, so memory holds one shard."""
     columns = columns_from_manifest(manifest)
     multilabel = manifest["task"] == "multilabel"
     names = list(manifest.get("target_names") or [])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training_runtime.data import SplitData
+from training_runtime.data.v1 import SplitData
 
 
 class SplitDataBefore(SplitData):

@@ -37,7 +37,7 @@ RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
 ARG GIT_SHA
 ARG GIT_DIRTY
 ENV MODEL_FACTORY_BUILD_INFO=/opt/model-factory/BUILD.json
-RUN python -m training_runtime.build_info --git-sha "${GIT_SHA}" --dirty "${GIT_DIRTY}" \
+RUN python -m training_runtime.observe.build_info --git-sha "${GIT_SHA}" --dirty "${GIT_DIRTY}" \
       --out /opt/model-factory/BUILD.json
 LABEL org.opencontainers.image.revision="${GIT_SHA}" \
       io.model-factory.git-dirty="${GIT_DIRTY}"

@@ -5,7 +5,7 @@
 #     -f helm/images/training.Dockerfile -t <registry>/training:<sha> .
 # GIT_SHA and GIT_DIRTY are recorded in /opt/model-factory/BUILD.json and the image's labels; each
 # training pod compares them with the orchestrator's code version before it starts
-# (training_runtime/build_info.py), so a stale image fails at once instead of training other code.
+# (training_runtime/observe/build_info.py), so a stale image fails at once instead of training other code.
 # USER_CODE is the package of user code (models, tasks, training functions named "pkg.module:fn")
 # copied beside training_runtime/; it must import without Dagster. The default ships teams/.
 #
@@ -62,7 +62,7 @@ ARG USER_CODE=teams
 ARG GIT_SHA
 ARG GIT_DIRTY
 COPY ${USER_CODE}/ ./${USER_CODE}/
-RUN python -m training_runtime.build_info --git-sha "${GIT_SHA}" --dirty "${GIT_DIRTY}" \
+RUN python -m training_runtime.observe.build_info --git-sha "${GIT_SHA}" --dirty "${GIT_DIRTY}" \
       --user-code "${USER_CODE}" --out /opt/model-factory/BUILD.json
 LABEL org.opencontainers.image.revision="${GIT_SHA}" \
       io.model-factory.git-dirty="${GIT_DIRTY}" \

@@ -115,7 +115,7 @@ def run_torchrun(config: dict, world_size: int, work_dir: Path) -> Path:
 def reproduce_command(args: argparse.Namespace) -> int:
     from core.code_version import code_version
     from core.pinned_shards import read_pinned_shards
-    from training_runtime.evaluate import evaluate
+    from training_runtime.serve.evaluate import evaluate
 
     profile = Profile.from_environment()
     store = profile.store()

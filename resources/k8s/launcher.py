@@ -40,7 +40,7 @@ from resources.launch.base import TrainingJob, TrainingLauncher
 from resources.launch.live_telemetry import ForwardsTrainingMessages
 from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
 from training_runtime.atomic_files import atomic_write_bytes
-from training_runtime.build_info import EXPECTED_CODE_VERSION_ENV
+from training_runtime.observe.build_info import EXPECTED_CODE_VERSION_ENV
 
 
 class LivePodLogsMessageReader(ForwardsTrainingMessages, PipesK8sPodLogsMessageReader):

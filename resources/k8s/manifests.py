@@ -290,7 +290,7 @@ def _env(
         "HOME": "/tmp",
         "XDG_CACHE_HOME": "/tmp/.cache",
         "PYTHONUNBUFFERED": "1",
-        # The image reference the pod runs, for the runtime's lineage (training_runtime/build_info.py).
+        # The image reference the pod runs, for the runtime's lineage (training_runtime/observe/build_info.py).
         "MODEL_FACTORY_IMAGE": settings.image,
         # The cluster's fabric first: a job's own NCCL settings below override it.
         **(rdma.nccl_env() if rdma else {}),

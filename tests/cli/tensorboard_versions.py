@@ -12,7 +12,7 @@ from ops.tensorboard_events import upload_event_files
 from pipelines.profiles import Profile
 from resources.store.base import MAIN
 from tests.cli.records import make_record
-from training_runtime.tensorboard_log import TensorBoardReporter
+from training_runtime.observe.tensorboard import TensorBoardReporter
 
 
 class _Quiet:

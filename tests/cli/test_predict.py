@@ -17,10 +17,10 @@ from pipelines.serving import PredictionInputError, load_model, predict
 from resources.store.base import MAIN
 from resources.store.factory import make_store
 from tests.cli.records import make_record
-from training_runtime.data_info import DataInfo
-from training_runtime.model_card import build_card, save_model
-from training_runtime.models import build_model
-from training_runtime.tasks import resolve_task
+from training_runtime.data.info import DataInfo
+from training_runtime.serve.card import build_card, save_model
+from training_runtime.models.builtin import build_model
+from training_runtime.tasks.registry import resolve_task
 
 CLASSES = ["circle", "square", "triangle"]
 # Far from 0 and of different scales: a model fed unnormalised features would not get these right.
@@ -195,7 +195,7 @@ def test_cli_input_errors_are_one_line_with_status_2(platform, cli):
 
 def saved_model(out: Path, factory: str, manifest: dict, kwargs: dict, extra: dict | None = None):
     """(LoadedModel, the model itself) for a fresh model on ``manifest``'s data, saved to ``out``."""
-    from training_runtime.model_card import load_model as load_model_dir
+    from training_runtime.serve.card import load_model as load_model_dir
 
     info = DataInfo.from_manifest(manifest)
     task = resolve_task(info.task, info)
@@ -264,8 +264,8 @@ def test_decoded_continuations_stop_at_the_end_of_text_token():
 
 
 def test_a_language_model_continues_the_prompt(tmp_path):
-    pytest.importorskip("training_runtime.generate", reason="training_runtime/generate.py is not written yet")
-    from training_runtime.generate import generate
+    pytest.importorskip("training_runtime.serve.generate", reason="training_runtime/serve/generate.py is not written yet")
+    from training_runtime.serve.generate import generate
 
     manifest = {"format": "model-factory.shards/v2", "kind": "text", "task": "language_modeling",
                 "columns": [{"name": "tokens", "kind": "ndarray", "role": "input", "dtype": "uint16", "shape": [13]}],

@@ -28,7 +28,7 @@ from core.datasets import dataset_tags
 from core.spec import ImageFolder, ImagePreprocessing, dataset_pipeline
 from pipelines.models.shapes import CLASSES, draw_shape, shapes_dataset, write_shapes_source
 from tests.pipeline.conftest import Platform, failure_messages
-from training_runtime.shard_format import ShardColumns, columns_from_manifest
+from training_runtime.data.shard_format import ShardColumns, columns_from_manifest
 
 INLINE = ImageKind(workers=0)  # same functions without the pool, for unit tests that need no processes
 

@@ -23,8 +23,8 @@ from pipelines.definitions import build_definitions
 from pipelines.models.diabetes import FEATURES as DIABETES_FEATURES
 from pipelines.models.diabetes import diabetes_dataset, load_diabetes_frame
 from tests.pipeline.conftest import Platform, failure_messages
-from training_runtime.shard_format import FORMAT_V1, FORMAT_V2
-from training_runtime.typed_split import open_split
+from training_runtime.data.shard_format import FORMAT_V1, FORMAT_V2
+from training_runtime.data.split import open_split
 
 FEATURES = ("f0", "f1", "f2")
 LABELS = ("spam", "urgent", "rare_label")

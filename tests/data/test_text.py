@@ -27,7 +27,7 @@ from core.datasets import dataset_tags
 from core.spec import TextCorpus, TextPreprocessing, dataset_pipeline
 from pipelines.models.pydoc_corpus import pydoc_corpus, pydoc_topics, write_pydoc_source
 from tests.pipeline.conftest import Platform, failure_messages
-from training_runtime.shard_format import ShardColumns, columns_from_manifest
+from training_runtime.data.shard_format import ShardColumns, columns_from_manifest
 
 
 def corpus_spec(name="toy", *, task="language_modeling", tokenizer="byte", seq_len=16, vocab_size=4096,

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from training_runtime.trial_channel import append_report, stop_reason
+from training_runtime.train.trial_channel import append_report, stop_reason
 
 VALIDATIONS, STEPS_PER_VALIDATION = 8, 10
 

@@ -16,9 +16,9 @@ from core.lineage import build_lineage_record, lineage_rows, pod_summary
 from resources.k8s.launcher import image_digest, record_image_digests
 from resources.k8s.manifests import PodSettings
 from tests.cli.records import make_record
-from training_runtime.build_info import IMAGE_ENV, NODE_NAME_ENV, POD_NAME_ENV
-from training_runtime.distributed import DistInfo
-from training_runtime.pod_lineage import gather_pod_record
+from training_runtime.observe.build_info import IMAGE_ENV, NODE_NAME_ENV, POD_NAME_ENV
+from training_runtime.distributed.process_group import DistInfo
+from training_runtime.observe.pod_lineage import gather_pod_record
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 BUILD = {"git_sha": "c" * 40, "dirty": False, "user_code": "teams"}

@@ -298,7 +298,7 @@ def _image_root(tmp_path: Path, *, git_sha: str) -> Path:
     for src, dst in copies:
         src, dst = (re.sub(r"\$\{(\w+)\}", lambda m: build_args[m.group(1)], p) for p in (src, dst))
         shutil.copytree(context / src, image / dst)
-    subprocess.run([sys.executable, "-m", "training_runtime.build_info", "--git-sha", git_sha, "--dirty", "false",
+    subprocess.run([sys.executable, "-m", "training_runtime.observe.build_info", "--git-sha", git_sha, "--dirty", "false",
                     "--user-code", "acme_models", "--out", str(image / "BUILD.json")], cwd=image, check=True,
                    timeout=60)
     return context, image

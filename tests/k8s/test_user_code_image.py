@@ -2,7 +2,7 @@
 
 The Dockerfiles cannot be built here (no Docker engine), so each part the build runs is run here
 instead: `python -m core.code_version --build-args` (what the build is given), `python -m
-training_runtime.build_info` (what the build runs to write BUILD.json), the user code imported
+training_runtime.observe.build_info` (what the build runs to write BUILD.json), the user code imported
 without Dagster (as the image has none), and `python -m training_runtime` in a "pod" whose
 image records another commit than the run expects.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from core.code_version import build_args, code_version
-from training_runtime.build_info import (
+from training_runtime.observe.build_info import (
     BUILD_INFO_ENV,
     EXPECTED_CODE_VERSION_ENV,
     IMAGE_ENV,
@@ -38,7 +38,7 @@ SHA_A, SHA_B = "a" * 40, "b" * 40
 
 def _write_build(path: Path, sha: str, dirty: str = "false", user_code: str = "teams") -> dict:
     """What the Dockerfile's RUN step does, run for real."""
-    result = subprocess.run([sys.executable, "-m", "training_runtime.build_info", "--git-sha", sha, "--dirty", dirty,
+    result = subprocess.run([sys.executable, "-m", "training_runtime.observe.build_info", "--git-sha", sha, "--dirty", dirty,
                              "--user-code", user_code, "--out", str(path)], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -55,7 +55,7 @@ def test_the_build_records_the_code_version_it_is_given(tmp_path):
 @pytest.mark.parametrize("sha, dirty, field", [("", "false", "GIT_SHA"), ("abc123", "false", "core.code_version"),
                                                 (SHA_A, "", "GIT_DIRTY"), (SHA_A, "yes", "GIT_DIRTY")])
 def test_a_build_without_a_proper_version_fails_and_says_how_to_pass_it(tmp_path, sha, dirty, field):
-    result = subprocess.run([sys.executable, "-m", "training_runtime.build_info", "--git-sha", sha, "--dirty", dirty,
+    result = subprocess.run([sys.executable, "-m", "training_runtime.observe.build_info", "--git-sha", sha, "--dirty", dirty,
                              "--out", str(tmp_path / "BUILD.json")], cwd=REPO, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and field in result.stderr
@@ -168,6 +168,6 @@ def test_both_images_record_the_version_and_label_the_commit():
         assert "/opt/model-factory/BUILD.json" in text, dockerfile
         assert 'org.opencontainers.image.revision="${GIT_SHA}"' in text, dockerfile
         # Recorded before the image drops to its runtime user (the directory is root's).
-        assert text.index("training_runtime.build_info") < text.rindex("USER 1000:1000"), dockerfile
+        assert text.index("training_runtime.observe.build_info") < text.rindex("USER 1000:1000"), dockerfile
     # The code location has no .git: core.code_version finds the record through this variable.
     assert f"ENV {BUILD_INFO_ENV}=/opt/model-factory/BUILD.json" in (IMAGES / "code-location.Dockerfile").read_text()

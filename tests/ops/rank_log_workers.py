@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from training_runtime.context import TrainingContext
+from training_runtime.train.context import TrainingContext
 
 
 def introduce_then_fail(ctx: TrainingContext) -> None:

@@ -112,7 +112,7 @@ def test_a_failing_live_view_costs_no_message():
     assert forwarding.received_closed_message is False  # the rest is the real handler's
 
 
-# A stand-in for rank 0: reports through a real Pipes file channel, as training_runtime/pipes.py does.
+# A stand-in for rank 0: reports through a real Pipes file channel, as training_runtime/observe/pipes.py does.
 WORKER = textwrap.dedent("""
     from dagster_pipes import open_dagster_pipes
     with open_dagster_pipes() as pipes:

@@ -28,7 +28,7 @@ def test_evaluate_on_is_checked_when_definitions_load():
 
 def test_the_step_reads_the_committed_evaluation_only_for_its_weights(platform):
     from ops.evaluation import training_job_metrics
-    from training_runtime.evaluate_after_training import evaluation_record
+    from training_runtime.serve.evaluate_after_training import evaluation_record
 
     store = platform.store()
     store.ensure_repository()
@@ -53,9 +53,9 @@ def test_the_step_reads_the_committed_evaluation_only_for_its_weights(platform):
 
 @pytest.mark.slow
 def test_registered_metrics_are_the_training_jobs_and_equal_the_steps(platform, tmp_path):
-    from training_runtime.data import sha256_file
-    from training_runtime.evaluate import evaluate
-    from training_runtime.model_card import load_model
+    from training_runtime.data.shards import sha256_file
+    from training_runtime.serve.evaluate import evaluate
+    from training_runtime.serve.card import load_model
 
     write_digits_source(platform.sources)
     recipe = dataclasses.replace(digits_pipeline.recipe, epochs=1, evaluate_on="training")

@@ -21,8 +21,8 @@ from pipelines.models.digits import digits_pipeline, write_digits_source
 from pipelines.models.pydoc_corpus import pydoc_corpus, pydoc_lm, write_pydoc_source
 from pipelines.serving import load_model, predict
 from tests.pipeline.conftest import failure_messages
-from training_runtime.data import resolve_shards
-from training_runtime.typed_split import open_split
+from training_runtime.data.shards import resolve_shards
+from training_runtime.data.split import open_split
 
 pytestmark = pytest.mark.slow
 

@@ -89,7 +89,13 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path, ledger):
     import json
     import os
 
-    from training_runtime.checkpoint import MANIFEST_FILE, STATE_FILE, find_latest_valid, step_dir_name, write_checkpoint
+    from training_runtime.checkpoint.full import (
+        MANIFEST_FILE,
+        STATE_FILE,
+        find_latest_valid,
+        step_dir_name,
+        write_checkpoint,
+    )
 
     marker = tmp_path / "pwned"
     write_checkpoint(tmp_path, 1, {"step": 1, "w": torch.ones(2)})
@@ -109,7 +115,7 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path, ledger):
 
 
 def test_a_file_that_is_not_a_checkpoint_is_skipped_with_a_reason(tmp_path, caplog, ledger):
-    from training_runtime.checkpoint import find_latest_valid, write_checkpoint
+    from training_runtime.checkpoint.full import find_latest_valid, write_checkpoint
 
     write_checkpoint(tmp_path, 1, {"step": 1})
     bogus = tmp_path / "step_00000009"
@@ -123,7 +129,7 @@ def test_a_file_that_is_not_a_checkpoint_is_skipped_with_a_reason(tmp_path, capl
 
 def test_a_tampered_manifest_checksum_fails_before_training(tmp_path, ledger):
     from tests.runtime.helpers import make_dataset
-    from training_runtime.data import DataError, resolve_shards
+    from training_runtime.data.shards import DataError, resolve_shards
 
     manifest, locations = make_dataset(tmp_path)
     manifest["splits"]["train"]["shards"][0]["sha256"] = "0" * 64

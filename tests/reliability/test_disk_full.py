@@ -58,7 +58,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
 def test_disk_full_while_writing_a_checkpoint(tmp_path, ledger, case):
-    from training_runtime.checkpoint import find_latest_valid, list_checkpoints
+    from training_runtime.checkpoint.full import find_latest_valid, list_checkpoints
 
     limit = 64 * 1024 * (1 + case)  # the quota cuts the write at a different point each case
     done = _run(_CHECKPOINT_SCRIPT, str(tmp_path), str(limit))

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from tests.reliability.conftest import repeats
 from tests.runtime.helpers import make_config, make_dataset, torchrun
-from training_runtime.checkpoint import list_checkpoints, verify_checkpoint
+from training_runtime.checkpoint.full import list_checkpoints, verify_checkpoint
 
 pytestmark = pytest.mark.slow
 

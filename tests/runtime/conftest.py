@@ -1,7 +1,7 @@
 import pytest
 import torch.distributed as dist
 
-from training_runtime.distributed import DistInfo, close_distributed, init_distributed
+from training_runtime.distributed.process_group import DistInfo, close_distributed, init_distributed
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from training_runtime import checkpoint as ckpt
+from training_runtime.checkpoint import full as ckpt
 
 
 def _state(step: int) -> dict:

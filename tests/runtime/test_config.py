@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from training_runtime.config import ConfigError, RunConfig
-from training_runtime.trainer import FaultInjection
+from training_runtime.train.trainer import FaultInjection
 from tests.runtime.helpers import make_config, make_dataset
 
 

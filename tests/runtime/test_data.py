@@ -3,8 +3,9 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from training_runtime.data import (
-    DataError, PrefetchLoader, SplitData, epoch_indices, resolve_shards, steps_per_epoch)
+from training_runtime.data.shards import DataError, resolve_shards
+from training_runtime.data.v1 import PrefetchLoader, SplitData
+from training_runtime.data.sampling import epoch_indices, steps_per_epoch
 from tests.runtime.helpers import make_dataset
 
 
@@ -159,7 +160,7 @@ def test_gather_of_large_samples_takes_the_indexed_copy_path(tmp_path):
 
 
 def test_chained_epochs_yield_nothing_for_a_finished_run():
-    from training_runtime.data import chained_epochs
+    from training_runtime.data.prefetch import chained_epochs
 
     made = []
     assert list(chained_epochs(lambda e, first: made.append(e), 27, 9, 27)) == []

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from training_runtime.error_file import AtomicErrorHandler
+from training_runtime.observe.error_file import AtomicErrorHandler
 
 
 class Terminated(Exception):

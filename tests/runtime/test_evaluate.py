@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from training_runtime.evaluate import evaluate
-from training_runtime.models import build_model
+from training_runtime.serve.evaluate import evaluate
+from training_runtime.models.builtin import build_model
 from tests.runtime.helpers import write_split
 
 
@@ -68,7 +68,7 @@ def test_evaluate_requires_a_finished_run(known_run, tmp_path):
 
 # ---------------------------------------------------------------- evaluation by the training job
 
-from training_runtime.evaluate_after_training import (  # noqa: E402
+from training_runtime.serve.evaluate_after_training import (
     EVALUATION_FORMAT,
     evaluation_for_weights,
     evaluation_record,
@@ -131,7 +131,7 @@ def test_evaluation_config_needs_its_splits(tmp_path):
 def test_fsdp_training_evaluates_its_keep_best_weights_as_the_step_would(tmp_path):
     """2 gloo ranks, FSDP, keep_best: rank 0 evaluates the written weights after training; the
     figures equal evaluate()'s, the step's function, on the same weights and shards."""
-    from training_runtime.data import sha256_file
+    from training_runtime.data.shards import sha256_file
     from tests.runtime.helpers import make_config, make_dataset, torchrun
 
     manifest, locations = make_dataset(tmp_path, n_train=64, n_test=40, per_shard=16)

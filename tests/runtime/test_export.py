@@ -9,9 +9,9 @@ import onnx
 import pytest
 import torch
 
-from training_runtime.data import sha256_file
-from training_runtime.export import check_onnx, export_and_check, export_onnx
-from training_runtime.models import build_model
+from training_runtime.data.shards import sha256_file
+from training_runtime.serve.export import check_onnx, export_and_check, export_onnx
+from training_runtime.models.builtin import build_model
 
 
 def test_mlp_export_agrees_with_pytorch_on_other_batch_sizes(tmp_path):

@@ -8,11 +8,16 @@ import pytest
 import torch
 
 from training_runtime.config import ConfigError, RunConfig, TrainConfig
-from training_runtime.context import training_fingerprint
-from training_runtime.device_copy import DeviceCopier
-from training_runtime.distributed import (
-    DeviceError, choose_device, cuda_unavailable_reason, fsdp_mesh_shape, init_distributed, mixed_precision_policy)
-from training_runtime.numerics import CUBLAS_DETERMINISTIC_WORKSPACE, numeric_settings
+from training_runtime.train.context import training_fingerprint
+from training_runtime.data.device_copy import DeviceCopier
+from training_runtime.distributed.process_group import (
+    DeviceError,
+    choose_device,
+    cuda_unavailable_reason,
+    init_distributed,
+)
+from training_runtime.distributed.fsdp import fsdp_mesh_shape, mixed_precision_policy
+from training_runtime.train.numerics import CUBLAS_DETERMINISTIC_WORKSPACE, numeric_settings
 from tests.runtime.helpers import make_config, make_dataset
 
 

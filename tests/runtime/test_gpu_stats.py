@@ -11,8 +11,8 @@ import pynvml
 import pytest
 import torch
 
-from training_runtime.gpu_stats import decode_clock_event_reasons, nvml_device_candidates
-from training_runtime.telemetry import SystemStats
+from training_runtime.observe.gpu_stats import decode_clock_event_reasons, nvml_device_candidates
+from training_runtime.observe.telemetry import SystemStats
 
 TORCH_UUID = "8a1c2f3e-0000-4000-8000-00000000beef"
 OTHER_UUID = "11111111-2222-4333-8444-555555555555"

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from training_runtime import guards
-from training_runtime.guards import HangWatchdog, RankPlace
+from training_runtime.observe import guards
+from training_runtime.observe.guards import HangWatchdog, RankPlace
 
 PLACES = [RankPlace("node-a", "cuda:0 H100"), RankPlace("node-b", "cuda:1 H100")]
 

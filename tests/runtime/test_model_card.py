@@ -10,17 +10,10 @@ import struct
 import pytest
 import torch
 
-from training_runtime.data_info import DataInfo
-from training_runtime.model_card import (
-    CARD_FILE,
-    WEIGHTS_FILE,
-    ModelCardError,
-    build_card,
-    load_model,
-    save_model,
-)
-from training_runtime.models import build_model
-from training_runtime.tasks import resolve_task
+from training_runtime.data.info import DataInfo
+from training_runtime.serve.card import CARD_FILE, WEIGHTS_FILE, ModelCardError, build_card, load_model, save_model
+from training_runtime.models.builtin import build_model
+from training_runtime.tasks.registry import resolve_task
 
 V2 = "model-factory.shards/v2"
 TABLE_MANIFEST = {"format": "model-factory.shards/v1", "feature_shape": [4], "num_classes": 3,

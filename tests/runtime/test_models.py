@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from training_runtime.models import build_model
+from training_runtime.models.builtin import build_model
 
 
 @pytest.mark.parametrize("name, shape, kwargs", [
@@ -32,7 +32,7 @@ def test_errors_name_the_setting():
 
 
 def test_the_torch_free_list_of_model_names_matches_the_registry():
-    from training_runtime.model_names import BUILTIN_MODELS
-    from training_runtime.models import REGISTRY
+    from training_runtime.models.names import BUILTIN_MODELS
+    from training_runtime.models.builtin import REGISTRY
 
     assert sorted(REGISTRY) == list(BUILTIN_MODELS)

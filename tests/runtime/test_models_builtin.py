@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training_runtime.generate import generate
-from training_runtime.models import BasicBlock, TransformerBlock, build_model, shardable_submodules
+from training_runtime.serve.generate import generate
+from training_runtime.models.builtin import BasicBlock, TransformerBlock, build_model, shardable_submodules
 
 VOCAB = 20
 PAD = 0

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training_runtime.data import DataError, SplitData, resolve_shards
+from training_runtime.data.shards import DataError, resolve_shards
+from training_runtime.data.v1 import SplitData
 from tests.runtime.helpers import make_dataset
 
 pytestmark = pytest.mark.slow

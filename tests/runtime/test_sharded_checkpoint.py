@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training_runtime import checkpoint as ckpt
+from training_runtime.checkpoint import full as ckpt
 from training_runtime.config import CheckpointConfig, ConfigError, RunConfig
-from training_runtime.trainer import Trainer
+from training_runtime.train.trainer import Trainer
 from tests.runtime.helpers import make_config, make_dataset, torchrun
 
 
@@ -218,9 +218,9 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(two_ranks, world_of_one, capl
 def test_a_crash_before_publishing_leaves_the_published_checkpoints_alone(problem, world_of_one):
     """Shards on disk, then the process dies (here: raises) before the manifest and rename: the
     temporary directory is all that is left, and the next start clears it."""
-    from training_runtime import sharded_checkpoint
-    from training_runtime.distributed import wrap_model
-    from training_runtime.models import build_model
+    from training_runtime.checkpoint import sharded as sharded_checkpoint
+    from training_runtime.distributed.fsdp import wrap_model
+    from training_runtime.models.builtin import build_model
 
     root = problem[0] / "crash"
     model = wrap_model(build_model("mlp", [16], 4, hidden_sizes=[8]), "fsdp", world_of_one)

@@ -19,11 +19,14 @@ import torch.nn.functional as F
 from sklearn import metrics as skm
 from torch import nn
 
-from training_runtime.data_info import DataInfo
-from training_runtime.task_names import BUILTIN_TASKS, DEFAULT_MONITOR, TASK_METRICS
-from training_runtime.tasks import (
-    ClassificationTask, LanguageModelingTask, MultilabelTask, RegressionTask, Task, resolve_task,
-    task_from_card)
+from training_runtime.data.info import DataInfo
+from training_runtime.tasks.names import BUILTIN_TASKS, DEFAULT_MONITOR, TASK_METRICS
+from training_runtime.tasks.classification import ClassificationTask
+from training_runtime.tasks.language_modeling import LanguageModelingTask
+from training_runtime.tasks.multilabel import MultilabelTask
+from training_runtime.tasks.regression import RegressionTask
+from training_runtime.tasks.base import Task
+from training_runtime.tasks.registry import resolve_task, task_from_card
 
 CPU = torch.device("cpu")
 CHUNKS = (7, 30, 1, 25)  # update() sizes; the rest of the data goes in one last call

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.compat.proto.event_pb2 import SessionLog
 
 from tests.runtime.helpers import make_config, make_dataset, torchrun
-from training_runtime.tensorboard_log import TensorBoardReporter, event_dir, telemetry_scalars
+from training_runtime.observe.tensorboard import TensorBoardReporter, event_dir, telemetry_scalars
 
 
 class RecordingReporter:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training_runtime.evaluate import evaluate
+from training_runtime.serve.evaluate import evaluate
 from tests.runtime.helpers import make_config, make_dataset, torchrun
 
 pytestmark = pytest.mark.slow

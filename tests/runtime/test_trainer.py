@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from training_runtime.__main__ import main
 from training_runtime.config import ConfigError, RunConfig
-from training_runtime.data import DataError
-from training_runtime.trainer import Trainer, lr_multiplier
+from training_runtime.data.shards import DataError
+from training_runtime.train.trainer import Trainer, lr_multiplier
 from tests.runtime.helpers import make_config, make_dataset
 
 
@@ -89,7 +89,7 @@ def test_checkpoint_past_the_configured_steps_is_refused(problem, world_of_one):
 
 
 def test_progress_line_eta_uses_this_attempts_pace():
-    from training_runtime.telemetry import progress_line
+    from training_runtime.observe.telemetry import progress_line
 
     line = progress_line(epoch=2, epochs=5, step=60, total=100, start_step=50, loss=0.5,
                          samples_per_second=1000, elapsed_s=10.0)
@@ -180,7 +180,7 @@ def test_a_skipped_batch_leaves_only_its_own_step_out_of_the_interval_loss(probl
 def test_system_stats_are_read_only_where_telemetry_is_emitted(problem, world_of_one, monkeypatch):
     """8 steps are 8 boundaries (the progress line's 10%), but telemetry every 4 steps reads
     psutil (and NVML on GPUs) twice, and those two telemetry events carry the readings."""
-    from training_runtime.telemetry import SystemStats
+    from training_runtime.observe.telemetry import SystemStats
 
     calls = []
     real = SystemStats.sample

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from training_runtime.config import ConfigError, RunConfig
-from training_runtime.context import TrainingContext
-from training_runtime.evaluate import evaluate
-from training_runtime.model_card import load_model
-from training_runtime.trainer import Trainer
-from training_runtime.user_loop import run_train_fn
-from training_runtime.validation import BestTracker
+from training_runtime.train.context import TrainingContext
+from training_runtime.serve.evaluate import evaluate
+from training_runtime.serve.card import load_model
+from training_runtime.train.trainer import Trainer
+from training_runtime.train.user_loop import run_train_fn
+from training_runtime.train.best import BestTracker
 from tests.runtime import typed_datasets as td
 
 TINY_LM = {"d_model": 32, "nhead": 2, "num_layers": 1, "dim_feedforward": 64}

@@ -11,12 +11,14 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from training_runtime import data as data_mod
-from training_runtime.data import DataError, SplitData, epoch_indices, resolve_shards
-from training_runtime.shard_format import FORMAT_V2, Column, ShardWriter
-from training_runtime.typed_augment import ImageAugment, sample_random_words
-from training_runtime.typed_decode import ImageDecoder
-from training_runtime.typed_loader import TypedLoader, TypedSplit, open_split
+from training_runtime.data import shards as data_mod
+from training_runtime.data.shards import DataError, resolve_shards
+from training_runtime.data.v1 import SplitData
+from training_runtime.data.sampling import epoch_indices
+from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
+from training_runtime.data.augment import ImageAugment, sample_random_words
+from training_runtime.data.decode import ImageDecoder
+from training_runtime.data.loader import TypedLoader, TypedSplit, open_split
 from tests.runtime.helpers import make_dataset
 
 CPU = torch.device("cpu")

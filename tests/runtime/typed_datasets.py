@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import simplejpeg
 
-from training_runtime.shard_format import FORMAT_V2, Column, ShardWriter
+from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
 
 SPLITS = ("train", "validation", "test")
 

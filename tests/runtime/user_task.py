@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
-from training_runtime.tasks import Task, TaskMetrics
+from training_runtime.tasks.base import Task, TaskMetrics
 
 
 class L1Regression(Task):

@@ -1,11 +1,11 @@
 """Training functions as users write them (``train_fn = "tests.runtime.user_train:main"``), and
-ones that break the contract, for the tests of ``training_runtime.user_loop``."""
+ones that break the contract, for the tests of ``training_runtime.train.user_loop``."""
 
 from __future__ import annotations
 
 import torch
 
-from training_runtime.context import TrainingContext
+from training_runtime.train.context import TrainingContext
 
 
 def main(ctx: TrainingContext) -> None:

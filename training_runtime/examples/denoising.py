@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MeanSquaredError
 
-from training_runtime.tasks import Task, TaskMetrics
+from training_runtime.tasks.base import Task, TaskMetrics
 
 NOISE = 0.5  # standard deviation of the Gaussian noise added to the (normalised) pixels
 

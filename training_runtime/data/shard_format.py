@@ -1,0 +1,189 @@
+"""Shard format v2: typed columns, in the spirit of MosaicML's MDS and FFCV's fields.
+
+A shard file holds one block per column, in the manifest's column order, each starting at a
+multiple of ``ALIGN`` bytes (so memory-mapped views are aligned for any dtype):
+
+- ``ndarray``: fixed-shape samples of one dtype (uint8 images, int32 tokens, float32 features,
+  scalar or vector labels): ``num_samples * prod(shape)`` little-endian values, C order. Readers
+  memory-map the block and gather a batch without decoding sample by sample.
+- ``bytes``: variable-length samples (encoded JPEG/PNG, raw text): ``num_samples + 1`` uint64
+  offsets, then the concatenated payloads. ``str`` is the same, UTF-8 (ids).
+
+The shard's manifest entry records each block's offset, so a reader needs no header. The
+manifest (``"format": FORMAT_V2``) names the columns with their kind, dtype, shape and role
+(``input``, ``target``, ``id``); v1 manifests (one float32 feature block, then int64 labels) are
+still read by ``training_runtime.data.v1``. Only numpy here: the writer (assets) and the reader
+(the training runtime, in the pods) share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_V1 = "model-factory.shards/v1"
+FORMAT_V2 = "model-factory.shards/v2"
+ALIGN = 64
+KINDS = ("ndarray", "bytes", "str")
+ROLES = ("input", "target", "id", "extra")
+
+
+class ShardFormatError(ValueError):
+    """A column declaration, a batch of samples or a shard file that does not fit the format."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One typed column. ``shape`` and ``dtype`` apply to ``ndarray`` columns only."""
+
+    name: str
+    kind: str
+    role: str = "input"
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ShardFormatError(f"column {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+        if self.role not in ROLES:
+            raise ShardFormatError(f"column {self.name!r}: role {self.role!r} is not one of {ROLES}")
+        if self.kind == "ndarray":
+            try:
+                dt = np.dtype(self.dtype)
+            except TypeError as exc:
+                raise ShardFormatError(f"column {self.name!r}: {self.dtype!r} is not a numpy dtype") from exc
+            if dt.hasobject or dt.kind not in "biuf":
+                raise ShardFormatError(f"column {self.name!r}: dtype {self.dtype!r} must be a bool, integer or "
+                                       "float type (use kind 'bytes' or 'str' for anything else)")
+            if any(int(d) < 1 for d in self.shape):
+                raise ShardFormatError(f"column {self.name!r}: shape {self.shape} has a dimension below 1")
+
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes per sample of an ndarray column (0 for variable-length columns)."""
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize if self.kind == "ndarray" else 0
+
+    def to_dict(self) -> dict:
+        out = {"name": self.name, "kind": self.kind, "role": self.role}
+        if self.kind == "ndarray":
+            out.update(dtype=np.dtype(self.dtype).name, shape=list(self.shape))
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Column":
+        return cls(name=d["name"], kind=d["kind"], role=d.get("role", "input"), dtype=d.get("dtype", ""),
+                   shape=tuple(d.get("shape", ())))
+
+
+def columns_from_manifest(manifest: Mapping) -> list[Column]:
+    if manifest.get("format") != FORMAT_V2:
+        raise ShardFormatError(f"manifest format {manifest.get('format')!r} is not {FORMAT_V2!r}")
+    return [Column.from_dict(c) for c in manifest["columns"]]
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+@dataclass
+class ShardWriter:
+    """Writes one shard file from whole columns; ``write`` returns the manifest entry."""
+
+    columns: Sequence[Column]
+    _names: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._names = [c.name for c in self.columns]
+        if len(set(self._names)) != len(self._names):
+            raise ShardFormatError(f"columns {self._names} name one column twice")
+
+    def write(self, path: Path, rel: str, samples: Mapping[str, object]) -> dict:
+        """Write ``samples`` (column name -> ndarray, or list of bytes/str) to ``path``."""
+        missing = [n for n in self._names if n not in samples]
+        if missing:
+            raise ShardFormatError(f"shard {rel!r}: no values for column(s) {missing}")
+        counts = {c.name: len(samples[c.name]) for c in self.columns}  # type: ignore[arg-type]
+        if len(set(counts.values())) != 1:
+            raise ShardFormatError(f"shard {rel!r}: columns hold different sample counts {counts}")
+        n = next(iter(counts.values()), 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        blocks: dict[str, dict] = {}
+        with open(path, "wb") as f:
+            def put(data) -> None:
+                digest.update(data)
+                f.write(data)
+
+            for col in self.columns:
+                start = f.tell()
+                for chunk in _encode(col, samples[col.name], rel):
+                    put(chunk)
+                blocks[col.name] = {"offset": start, "num_bytes": f.tell() - start}
+                put(b"\0" * _pad(f.tell()))
+            size = f.tell()
+        return {"path": rel, "num_samples": n, "sha256": digest.hexdigest(), "num_bytes": size, "columns": blocks}
+
+
+def _encode(col: Column, values, rel: str):
+    if col.kind == "ndarray":
+        arr = np.asarray(values)
+        want = (len(arr), *col.shape)
+        if arr.shape != want:
+            raise ShardFormatError(f"shard {rel!r} column {col.name!r}: got shape {arr.shape}, declared {want}")
+        yield np.ascontiguousarray(arr, dtype=np.dtype(col.dtype).newbyteorder("<")).data
+        return
+    payloads = [v.encode("utf-8") if col.kind == "str" else bytes(v) for v in values]
+    offsets = np.zeros(len(payloads) + 1, dtype="<u8")
+    np.cumsum([len(p) for p in payloads], out=offsets[1:])
+    yield offsets.data
+    yield b"".join(payloads)
+
+
+class ShardColumns:
+    """One shard file memory-mapped: each ndarray column a zero-copy view, each variable-length
+    column its offsets and payload views."""
+
+    def __init__(self, path: Path, entry: Mapping, columns: Sequence[Column]):
+        self.path = Path(path)
+        self.num_samples = int(entry["num_samples"])
+        size = self.path.stat().st_size
+        if size != entry["num_bytes"]:
+            raise ShardFormatError(f"shard {entry['path']!r} holds {size} bytes, the manifest says "
+                                   f"{entry['num_bytes']}")
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+        self.arrays: dict[str, np.ndarray] = {}
+        self.offsets: dict[str, np.ndarray] = {}
+        self.payloads: dict[str, np.ndarray] = {}
+        n = self.num_samples
+        for col in columns:
+            block = entry["columns"][col.name]
+            raw = self._map[block["offset"]:block["offset"] + block["num_bytes"]]
+            if col.kind == "ndarray":
+                if len(raw) != n * col.sample_bytes:
+                    raise ShardFormatError(f"shard {entry['path']!r} column {col.name!r}: {len(raw)} bytes, "
+                                           f"expected {n * col.sample_bytes}")
+                self.arrays[col.name] = raw.view(np.dtype(col.dtype).newbyteorder("<")).reshape(n, *col.shape)
+            else:
+                if len(raw) < (n + 1) * 8:
+                    raise ShardFormatError(f"shard {entry['path']!r} column {col.name!r}: {len(raw)} bytes, too "
+                                           f"few for the offset index of {n} samples")
+                offsets = raw[:(n + 1) * 8].view("<u8")
+                self.offsets[col.name] = offsets
+                self.payloads[col.name] = raw[(n + 1) * 8:]
+                # Offsets must start at 0, never decrease and end at the payload's length: a
+                # reader slices payloads by them without further checks.
+                if (int(offsets[0]) != 0 or int(offsets[-1]) != len(self.payloads[col.name])
+                        or bool(np.any(offsets[1:] < offsets[:-1]))):
+                    raise ShardFormatError(f"shard {entry['path']!r} column {col.name!r}: the offset index does "
+                                           "not match its payload")
+
+    def value(self, column: str, i: int) -> bytes:
+        """Sample ``i`` of a variable-length column."""
+        o = self.offsets[column]
+        return self.payloads[column][int(o[i]):int(o[i + 1])].tobytes()
+

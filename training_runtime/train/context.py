@@ -1,0 +1,439 @@
+"""``TrainingContext``: what a training function gets on every rank, the built-in trainer included
+(one path, not two). Field by field:
+
+- ``rank``, ``world_size``, ``local_rank``, ``device``; ``config`` (the validated ``RunConfig``),
+  ``data_info`` (what the shards hold), ``task`` (loss, metrics, predictions), ``model_build``
+  (the factory and arguments the data implies).
+- ``steps_per_epoch``, ``total_steps``, ``local_batch_size``: the schedule the config implies.
+- ``epochs(start_step)``: ``(epoch, batches)`` over the training split from a step on, this
+  rank's share, shuffled per epoch by the seed, augmented (images) by (seed, epoch, sample), with
+  the next epoch prefetched; batches are ``{"input", "target"}`` dicts on ``device``.
+- ``split(name)``: a split memory-mapped (after its shards' sha256 were checked).
+- ``build_model()``: the configured model, seeded the same on every rank, wrapped for DDP/FSDP.
+- ``evaluate(model, split)``: the task's metrics on a whole split (collective).
+- ``save_checkpoint(step, state)`` / ``restore_checkpoint()``: atomic, checksummed checkpoints
+  in ``config.checkpoint.dir`` (rank 0 writes; all RNG states ride along and are restored), the
+  newest valid one found again after a kill. ``state`` holds tensors, numbers, strings, lists
+  and dicts (it is read back with ``torch.load(weights_only=True)``).
+- ``report(step, **metrics)``: figures that reach Dagster through Pipes (rank 0) and the run's
+  metrics history.
+- ``should_stop()``: True on every rank once any rank got SIGTERM (preemption): save a
+  checkpoint and return.
+- ``save_model(model)``: the model as ``model.safetensors`` and ``model_card.json`` in
+  ``config.output_dir``: what evaluation, registration, ONNX export and serving read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training_runtime.checkpoint import full as ckpt
+from training_runtime.config import ConfigError, RunConfig
+from training_runtime.data.batches import model_batches, split_loader
+from training_runtime.data.prefetch import chained_epochs
+from training_runtime.data.sampling import epoch_indices, steps_per_epoch
+from training_runtime.data.shards import resolve_shards
+from training_runtime.data.split import open_split
+from training_runtime.distributed.fsdp import (
+    full_model_state,
+    full_optimizer_state,
+    is_sharded,
+    load_full_state,
+    unwrap,
+    wrap_model,
+)
+from training_runtime.distributed.process_group import (
+    DistInfo,
+    all_gather_object,
+    broadcast_object,
+    raise_if_any_failed,
+)
+from training_runtime.observe.telemetry import LogReporter, Reporter
+from training_runtime.tasks.evaluation import evaluate_split
+from training_runtime.train.trial_channel import append_report, stop_reason
+
+log = logging.getLogger(__name__)
+
+# Settings that may differ between a checkpoint and the run resuming from it (checkpoints hold
+# full, unsharded state, so DDP and FSDP runs resume from each other).
+# The device, kernels' precision options, compilation and timeouts change how a step runs, not
+# what the run is.
+RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches", "sharding", "device", "tf32",
+                     "compile", "collective_timeout_s", "io_timeout_s"}
+
+
+def training_fingerprint(config: dict[str, Any]) -> dict[str, Any]:
+    """What must match for a checkpoint to continue this run. Settings a checkpoint's config
+    predates count as their defaults, so checkpoints of an older runtime still resume."""
+    train = {**_train_defaults(), **config["train"]}
+    return {"model": config["model"], "commit_id": config["data"]["commit_id"],
+            "manifest": config["data"]["manifest"], "task": config.get("task", "classification"),
+            "train_fn": config.get("train_fn"),
+            "train": {k: v for k, v in train.items() if k not in RESUMABLE_CHANGES}}
+
+
+def _train_defaults() -> dict[str, Any]:
+    from training_runtime.config import TrainConfig
+
+    return dataclasses.asdict(TrainConfig())
+
+
+class _StopSignal:
+    """SIGTERM (what Kubernetes and torchrun send before a kill) sets a flag instead of ending the
+    process, so training can save a checkpoint first."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        try:
+            signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (tests drive a context from a thread): no handler
+            pass
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+class EpochBatches:
+    """One epoch's model batches; ``wait_s`` is the time spent waiting for them."""
+
+    def __init__(self, loader, info):
+        self.loader, self.info = loader, info
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return model_batches(self.loader, self.info)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def wait_s(self) -> float:
+        return self.loader.wait_s
+
+
+class TrainingContext:
+    def __init__(self, config: RunConfig, dist_info: DistInfo, reporter: Reporter | None = None,
+                 restart_count: int = 0, fault=None):
+        """``fault``: the test hook (trainer.FaultInjection) or None; on attempt 0 it kills rank
+        ``fault.rank`` after the step it names is reported (user functions; the built-in loop
+        checks after each optimizer step) or inside that checkpoint's write."""
+        self.config = config
+        self.fault = fault
+        self.dist = dist_info
+        self.reporter = reporter or LogReporter()
+        self.restart_count = restart_count
+        self.data_info = config.data_info()
+        self.task = config.task_object()
+        self.model_build = config.model_build()
+        t = config.train
+        config.validate_world_size(dist_info.world_size)
+        self.num_train_samples = config.data.manifest["splits"]["train"]["num_samples"]
+        self.local_batch_size = t.batch_size // dist_info.world_size
+        self.steps_per_epoch = steps_per_epoch(self.num_train_samples, dist_info.world_size, t.batch_size)
+        all_steps = t.epochs * self.steps_per_epoch
+        self.total_steps = all_steps if t.max_steps is None else min(t.max_steps, all_steps)
+        self._splits: dict[str, Any] = {}
+        self._stop = _StopSignal()
+        self.writer = ckpt.CheckpointWriter(config.checkpoint.dir, config.checkpoint.keep_last,
+                                            config.checkpoint.async_save, before_publish=self._checkpoint_fault())
+        self.reported: list[dict[str, Any]] = []
+        self.saved_model_card: dict | None = None
+        self.last_checkpoint_step: int | None = None
+        self.resumed_from_step: int | None = None
+        self.train_time_s = 0.0  # a user function's wall time (set by user_loop)
+        # Image, build, nodes and GPUs of every rank (pod_lineage.py; set by the entry point).
+        self.pod_record: dict[str, Any] | None = None
+
+    def _checkpoint_fault(self):
+        """The fault hook's callback for the checkpoint writer (None without an in-write fault)."""
+        f, rank, restarts = self.fault, self.dist.rank, self.restart_count
+        if not (f and f.in_checkpoint_write):
+            return None
+
+        def kill_if_due(step: int) -> None:
+            if f.kill_in_checkpoint_write(rank, step, restarts):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return kill_if_due
+
+    # ------------------------------------------------------------ who and where
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist.local_rank
+
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    # ------------------------------------------------------------ data
+    def split(self, name: str):
+        """The split ``name`` memory-mapped; one rank per node checks its shards first (collective
+        on first use)."""
+        if name not in self._splits:
+            cfg, err = self.config, None
+            if self.local_rank == 0:
+                try:
+                    resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
+                                   cfg.data.s3_endpoint_url, verify=True)
+                except Exception as e:  # re-raised on every rank by raise_if_any_failed
+                    err = e
+            raise_if_any_failed(err, f"{name} shard verification", self.dist.io_group)
+            paths = resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
+                                   cfg.data.s3_endpoint_url, verify=False)
+            self._splits[name] = open_split(cfg.data.manifest, paths, name)
+        return self._splits[name]
+
+    def epoch_loader(self, epoch: int, start_step: int = 0):
+        """The raw loader of this rank's share of training epoch ``epoch`` from its step ``start_step``."""
+        t = self.config.train
+        idx = epoch_indices(self.num_train_samples, self.world_size, self.rank, epoch, t.seed)
+        loader = split_loader(self.split("train"), self.data_info, idx, self.local_batch_size, start_step, self.device,
+                              epoch=epoch, seed=t.seed, augment=t.augment, num_workers=t.num_workers,
+                              prefetch_batches=t.prefetch_batches)
+        if self.fault is not None and self.fault.slow_loader_s:  # test hook: a data stall
+            loader.load_batches = _delayed(loader.load_batches, self.fault.slow_loader_s)
+        return loader
+
+    def epochs(self, start_step: int = 0) -> Iterator[tuple[int, EpochBatches]]:
+        """``(epoch, batches)`` from global step ``start_step`` to ``total_steps``; the caller stops
+        after ``total_steps`` batches (the last epoch may hold more)."""
+        for epoch, loader in chained_epochs(self.epoch_loader, start_step, self.steps_per_epoch, self.total_steps):
+            yield epoch, EpochBatches(loader, self.data_info)
+
+    # ------------------------------------------------------------ model
+    def seed(self, offset: int) -> None:
+        seed = self.config.train.seed * 1_000_003 + offset
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+
+    def build_model(self) -> nn.Module:
+        """The configured model, with the same initial weights on every rank, wrapped for the
+        configured sharding; then per-rank RNG streams (dropout) are seeded."""
+        self.seed(0)
+        model = self.model_build.build()
+        t = self.config.train
+        wrapped = wrap_model(model, t.sharding, self.dist, precision=t.precision)
+        if t.compile:  # in place (nn.Module.compile): parameter names and state dicts are unchanged
+            wrapped.compile()
+        self.seed(1 + self.rank)
+        return wrapped
+
+    def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's state dict (collective under FSDP)."""
+        return full_model_state(model, self.config.train.sharding)
+
+    def full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's whole state, keyed by parameter name (collective under FSDP)."""
+        return full_optimizer_state(model, optimizer, self.config.train.sharding)
+
+    def load_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, model_state: dict[str, Any],
+                   optimizer_state: dict[str, Any] | None = None) -> None:
+        """Load states saved with ``full_state`` / ``full_optimizer_state`` into the wrapped model
+        (and optimizer), whatever the sharding."""
+        if optimizer is not None:
+            load_full_state(model, optimizer, model_state, optimizer_state, self.config.train.sharding)
+        elif is_sharded(self.config.train.sharding):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+        else:
+            unwrap(model).load_state_dict(model_state)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Collective: every rank's ``obj`` (e.g. an RNG state of its own), in rank order."""
+        return all_gather_object(obj)
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, model: nn.Module, split: str = "validation", batch_size: int | None = None) -> dict[str, Any]:
+        """The task's metrics of ``model`` on the whole split (collective: call on every rank)."""
+        return evaluate_split(model, self.task, self.data_info, self.split(split), rank=self.rank,
+                              world_size=self.world_size, batch_size=batch_size or max(self.local_batch_size, 64),
+                              device=self.device, bf16=self.config.train.precision == "bf16")
+
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, step: int, state: dict[str, Any]) -> None:
+        """Collective. Rank 0 publishes ``state`` (plus the step, every rank's RNG states and the
+        config) as checkpoint ``step``; the fsync and pruning finish in the background."""
+        rngs = all_gather_object(ckpt.rng_state(self.device))
+        if self.is_main:
+            full = {**state, "step": step, "world_size": self.world_size, "rng": rngs,
+                    "config": self.config.to_dict()}
+            self.writer.save(step, full)
+        if not self.config.checkpoint.async_save:
+            # The others wait for rank 0's write here, under the I/O timeout, rather than in the
+            # next step's gradient all-reduce under the collective one.
+            dist.barrier(group=self.dist.io_group)
+        self.last_checkpoint_step = step
+
+    def wait_for_checkpoints(self) -> None:
+        if self.is_main:
+            self.writer.wait()
+
+    def restore_checkpoint(self) -> dict[str, Any] | None:
+        """Collective. The newest valid checkpoint's state with this rank's RNG restored, or None.
+        Refuses a checkpoint of another run (model, data or training settings differ)."""
+        root = self.config.checkpoint.dir
+        found = None
+        if self.is_main:
+            ckpt.remove_stale_temporaries(root)
+            found = ckpt.find_latest_valid(root)
+        # The other ranks wait here while rank 0 verifies every checkpoint's sha256: the I/O group.
+        path = broadcast_object(None if found is None else str(found[0]), group=self.dist.io_group)
+        if path is None:
+            return None
+        state = found[1] if self.is_main else ckpt.load_state(Path(path))
+        if training_fingerprint(state["config"]) != training_fingerprint(self.config.to_dict()):
+            raise ConfigError(
+                f"checkpoint.dir {root} holds checkpoints of a different run ({path}: model, data or "
+                "train settings differ); use a fresh checkpoint.dir or restore the original config")
+        if state["world_size"] == self.world_size:
+            ckpt.set_rng_state(state["rng"][self.rank], self.device)
+        else:
+            log.warning("checkpoint %s was written by %d ranks, this run has %d: RNG streams are "
+                        "reseeded, so the run is not bit-identical to an uninterrupted one",
+                        path, state["world_size"], self.world_size)
+        self.last_checkpoint_step = self.resumed_from_step = int(state["step"])
+        if self.is_main:
+            self.reporter.info(f"resumed from checkpoint {path} at step {state['step']}")
+        return state
+
+    # ------------------------------------------------------------ reporting
+    def report(self, step: int, **metrics: Any) -> None:
+        """Record figures at ``step`` (every rank may call; rank 0's reach Dagster)."""
+        entry = {"step": int(step), **metrics}
+        self.reported.append(entry)
+        if self.is_main:
+            self.reporter.custom({"kind": "telemetry", **entry})
+        if self.fault and self.fault.kill_mid_step(self.rank, int(step), self.restart_count):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def log(self, message: str) -> None:
+        if self.is_main:
+            self.reporter.info(message)
+
+    # ------------------------------------------------------------ stopping
+    @property
+    def stop_requested(self) -> bool:
+        """This rank got SIGTERM (``should_stop`` tells every rank together)."""
+        return self._stop.requested
+
+    def should_stop(self) -> bool:
+        """Collective: True on every rank once any rank was asked to stop (SIGTERM). The flags are
+        host-side, so they go through the gloo I/O group on the CPU: a device tensor read back
+        here would drain the CUDA queue every time it is asked."""
+        flag = torch.tensor([1 if self._stop.requested else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dist.io_group)
+        return bool(flag.item())
+
+    # ------------------------------------------------------------ sweeps
+    def report_validation(self, step: int, metrics: dict[str, Any]) -> None:
+        """Rank 0 hands a validation's scalar metrics to the sweep watching this run, if any
+        (validation.report_file); a custom training function calls it after its own validations."""
+        path = self.config.validation.report_file
+        if path and self.is_main:
+            scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            append_report(path, {"step": int(step), **scalars})
+
+    def prune_requested(self) -> str | None:
+        """Collective: the reason the sweep asked this trial to stop (its pruner), on every rank, or
+        None. Rank 0 reads the stop file and tells the others, so all ranks stop at the same step."""
+        path = self.config.validation.stop_file
+        if not path:
+            return None
+        return broadcast_object(stop_reason(path) if self.is_main else None, group=self.dist.io_group)
+
+    # ------------------------------------------------------------ outputs
+    def save_model(self, model: nn.Module | dict[str, torch.Tensor], training: dict[str, Any] | None = None) -> None:
+        """Collective. Rank 0 writes ``model.safetensors`` and ``model_card.json`` to output_dir.
+        ``model``: the (wrapped) model, or a full state dict already gathered."""
+        from training_runtime.serve.card import build_card, save_model
+
+        state = model if isinstance(model, dict) else self.full_state(model)
+        if self.is_main:
+            cfg, info = self.config, self.data_info
+            card = build_card(factory=self.model_build.factory, kwargs=self.model_build.kwargs,
+                              input_shape=self.model_build.input_shape, num_outputs=self.model_build.num_outputs,
+                              extra_kwargs=self.model_build.extra_kwargs, task_card=self.task.card(), info=info,
+                              manifest=cfg.data.manifest,
+                              training={"data_commit": cfg.data.commit_id, "task": cfg.task,
+                                        "train_fn": cfg.train_fn, **(training or {})})
+            out = Path(cfg.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            self.saved_model_card = save_model(out, {k: v.detach().cpu() for k, v in state.items()}, card)
+        else:
+            self.saved_model_card = {}
+        dist.barrier(group=self.dist.io_group)  # the others wait on rank 0's write: the I/O timeout
+
+    def write_outputs(self, metrics: dict[str, Any]) -> None:
+        """Rank 0: metrics.json and resolved_config.json beside the model."""
+        if not self.is_main:
+            return
+        out = Path(self.config.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        resolved = self.config.to_dict()
+        resolved.update(world_size=self.world_size, backend=self.dist.backend, device=self.device.type,
+                        steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
+                        torch_version=torch.__version__, **_accelerator_versions(self.device),
+                        **({"pod": self.pod_record} if self.pod_record is not None else {}))
+        ckpt.atomic_write_json(out / "resolved_config.json", resolved)
+        ckpt.atomic_write_json(out / "metrics.json", _json_safe(metrics))
+
+
+def _delayed(load, seconds: float):
+    def slow_load(batches):
+        time.sleep(seconds)
+        return load(batches)
+
+    return slow_load
+
+
+def _accelerator_versions(device: torch.device) -> dict[str, Any]:
+    """CUDA, cuDNN and NCCL versions and the GPU model this rank trained on, as the process saw
+    them (the image's libraries, not the orchestrator's)."""
+    if device.type != "cuda":
+        return {}
+    nccl = torch.cuda.nccl.version()
+    return {"cuda_version": torch.version.cuda, "cudnn_version": torch.backends.cudnn.version(),
+            "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+            "gpu_name": torch.cuda.get_device_name(device)}
+
+
+def _json_safe(obj: Any) -> Any:
+    """Metrics as JSON: non-finite floats become strings rather than invalid JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def read_metrics(output_dir: str | os.PathLike) -> dict[str, Any]:
+    return json.loads((Path(output_dir) / "metrics.json").read_text())
