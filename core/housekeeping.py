@@ -157,6 +157,18 @@ def run_id_of_branch(name: str) -> str:
     return re.sub(r"-r\d+$", "", name.removeprefix(RUN_BRANCH_PREFIX))
 
 
+def main_commit_ids(store: VersionedStore) -> set[str]:
+    """Every commit on main. Run branches are judged merged or not against all of main's
+    history, never a part of it: past MAIN_LOG_LIMIT commits, housekeeping plans nothing."""
+    commits = store.log(MAIN, limit=MAIN_LOG_LIMIT + 1)
+    if len(commits) > MAIN_LOG_LIMIT:
+        raise HousekeepingError(
+            f"main has more than {MAIN_LOG_LIMIT:,} commits, so housekeeping cannot read all of it to tell "
+            "merged run branches from unmerged ones; it plans nothing rather than judge them on part of the "
+            "history. Raise core.housekeeping.MAIN_LOG_LIMIT.")
+    return {c.id for c in commits}
+
+
 def own_commits(store: VersionedStore, branch: str, on_main: set[str]) -> list[Commit] | None:
     """The branch's commits that are not on main, newest first; None if there are more than
     BRANCH_LOG_LIMIT. Run branches only ever receive their run's commits (main is never merged
@@ -192,7 +204,7 @@ def stale_run_branches(store: VersionedStore, older_than_s: float, now: float | 
     store alone: runs still in flight are unknown here, so plan_housekeeping excludes those."""
     now = time.time() if now is None else now
     refs = lineage_commits(store)
-    on_main = {c.id for c in store.log(MAIN, limit=MAIN_LOG_LIMIT)}
+    on_main = main_commit_ids(store)
     judged = [judge_run_branch(store, name, head, on_main, dict.fromkeys(refs, "a registered version"),
                                now - older_than_s)
               for name, head in sorted(store.list_branches().items()) if name.startswith(RUN_BRANCH_PREFIX)]
@@ -201,7 +213,7 @@ def stale_run_branches(store: VersionedStore, older_than_s: float, now: float | 
 
 def plan_run_branches(store: VersionedStore, branches: dict[str, str], refs: LineageRefs, in_use: InUse,
                       cutoff: float) -> list[PlannedDeletion | Kept]:
-    on_main = {c.id for c in store.log(MAIN, limit=MAIN_LOG_LIMIT)}
+    on_main = main_commit_ids(store)
     # Commits the orchestrator still reads count like lineage commits: their branch stays.
     protected = {**dict.fromkeys(in_use.commits, "the latest materialization of an asset"), **refs.commits}
     out: list[PlannedDeletion | Kept] = []

@@ -19,9 +19,14 @@ from pathlib import Path
 
 MAIN = "main"
 
-# lakeFS branch/tag id rule: starts with a letter, digit or underscore, then letters, digits,
-# underscores and dashes (lakeFS refuses dots and slashes in branch ids).
-_REF_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,254}$")
+# lakeFS's own id rules (treeverse/lakeFS pkg/validator/validate.go ReValidBranchID, and
+# pkg/graveler/validate.go ValidateBranchID / ValidateTagID). Go's \w is ASCII only.
+_BRANCH_ID = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_]*$")
+_TAG_FORBIDDEN = ("..", "/", "@{", "^", ":", "?", "*", "[", "\\")
+# The platform's own bound, not lakeFS's: the local twin keeps each branch and tag in a file
+# named after it, written through a temporary ".<name>.json.<12 hex>.tmp", and file names are
+# at most 255 bytes.
+MAX_REF_BYTES = 200
 # Object paths: relative, '/'-separated, no '..', no empty or '.' components, no control chars.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -59,18 +64,56 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True)
+class StoreUser:
+    """The user a store authenticated its credentials as (lakeFS), for the audit trail."""
+
+    id: str
+    detail: str  # how it was established, in words (never a secret)
+
+
+@dataclass(frozen=True)
 class DiffEntry:
     path: str
     type: str  # "added" | "removed" | "changed"
 
 
+def is_branch_id(name: str) -> bool:
+    """lakeFS ValidateBranchID: a letter, digit or '_', then letters, digits, '_' and '-'."""
+    return bool(_BRANCH_ID.fullmatch(name))
+
+
+def is_tag_id(name: str) -> bool:
+    """lakeFS ValidateTagID (git's check-ref-format, '~' allowed): not empty or '@'; no '..',
+    '/', '@{', '^', ':', '?', '*', '[', '\\', spaces or control characters; not ending in
+    '.' or '.lock'. So release tags such as ``v1.0.0`` are fine."""
+    return bool(name) and name != "@" and not name.endswith((".", ".lock")) \
+        and not any(part in name for part in _TAG_FORBIDDEN) and all(ord(c) > 0x20 for c in name)
+
+
 def validate_ref_name(name: str, what: str = "branch") -> str:
-    """Refuse names lakeFS would refuse, with a message naming the rule."""
-    if not isinstance(name, str) or not _REF_NAME.fullmatch(name):
-        raise StoreError(
-            f"invalid {what} name {name!r}: use 1-255 characters, letters, digits, '_' and '-', "
-            "starting with a letter, digit or '_'"
-        )
+    """Refuse names lakeFS would refuse, with a message naming the rule.
+
+    ``what`` says which rule: "branch" (lakeFS's branch ids), "tag" (its tag ids), anything
+    else ("ref", "commit id") a name that can be a branch, a tag or a commit id (commit ids
+    are hex, so branch ids). Beyond lakeFS, every name is at most MAX_REF_BYTES bytes, and a
+    tag does not start with '.', which the local twin keeps for its temporary files.
+    """
+    if not isinstance(name, str) or not name:
+        raise StoreError(f"invalid {what} name {name!r}: it is empty")
+    if len(name.encode()) > MAX_REF_BYTES:
+        raise StoreError(f"invalid {what} name {name[:40]!r}...: longer than {MAX_REF_BYTES} bytes")
+    branch_rule = "letters, digits, '_' and '-', starting with a letter, digit or '_'"
+    tag_rule = ("a name without spaces, control characters, '..', '/', '@{', '^', ':', '?', '*', '[' or '\\', not '@', "
+                "not starting with '.' and not ending in '.' or '.lock'")
+    if what == "branch":
+        ok, rule = is_branch_id(name), branch_rule
+    elif what == "tag":
+        ok, rule = is_tag_id(name) and not name.startswith("."), tag_rule
+    else:
+        ok, rule = is_branch_id(name) or (is_tag_id(name) and not name.startswith(".")), \
+            f"a branch name ({branch_rule}) or a tag name ({tag_rule})"
+    if not ok:
+        raise StoreError(f"invalid {what} name {name!r}: use {rule}")
     return name
 
 
@@ -244,3 +287,8 @@ class VersionedStore(ABC):
     def describe(self) -> dict[str, str]:
         """Non-secret facts about this backend for lineage records."""
         return {"backend": type(self).__name__, "repository": self.repository}
+
+    def authenticated_user(self) -> StoreUser | None:
+        """The user the store authenticated this client's credentials as; None for a store that
+        authenticates nobody (a local directory)."""
+        return None

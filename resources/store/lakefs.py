@@ -1,6 +1,12 @@
 """The versioned store on lakeFS, through the maintained SDK (``lakefs-sdk``, the layer the
 ``lakefs`` package is built on; never the deprecated ``lakefs-client``).
 
+Not the ``lakefs`` wrapper itself: what this backend needs (every request's attempts counted
+and reconciled on the SDK's ApiException status, uploads streamed from a file with their
+length, one retry loop) the wrapper would hide behind its own exceptions, and its writer
+buffers up to 32 MB in memory before sending chunked. So the wrapper is only a dev
+dependency, for lakeFS's own tests in tests/store/lakefs_conformance.
+
 The SDK's HTTP client is used with urllib3's own retries off, so every request is attempted
 exactly as often as ``max_attempts`` says: transient failures (HTTP 5xx/429, connection
 refused or reset, read timeouts) are retried here with exponential backoff and jitter, then
@@ -37,7 +43,9 @@ from resources.store.base import (
     RefNotFoundError,
     StoreError,
     StoreLocation,
+    StoreUser,
     VersionedStore,
+    is_branch_id,
     validate_metadata,
     validate_object_path,
     validate_ref_name,
@@ -91,6 +99,13 @@ class LakeFSVersionedStore(VersionedStore):
 
     def describe(self) -> dict[str, str]:
         return {"backend": "lakefs", "repository": self.repository, "endpoint": self.endpoint}
+
+    def authenticated_user(self) -> StoreUser:
+        """The lakeFS user behind this store's access key (``GET /api/v1/user``): the identity the
+        audit trail records for writes made with these credentials."""
+        current = self._call("read the current lakeFS user", self._sdk.auth_api.get_current_user)
+        return StoreUser(id=current.user.id, detail=f"lakeFS user behind access key {self.access_key_id} at "
+                                                     f"{self.endpoint} (GET /api/v1/user)")
 
     # --- request plumbing ---------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., T], *args: Any,
@@ -211,6 +226,9 @@ class LakeFSVersionedStore(VersionedStore):
         except StoreError as exc:
             if http_status(exc) != 409:
                 raise
+            if not self._is_branch(name):  # lakeFS answers 409 for a tag of that name too
+                raise StoreError(f"cannot create branch {name!r}: a tag has that name in lakeFS repository "
+                                 f"{self.repository!r}; pick another name") from None
             if exist_ok:
                 return self._branch_head(name)
             raise StoreError(
@@ -224,6 +242,9 @@ class LakeFSVersionedStore(VersionedStore):
         return ref.commit_id
 
     def _is_branch(self, name: str) -> bool:
+        if not is_branch_id(name):
+            # A tag such as v1.0.0 can be no branch, and lakeFS answers 400 for asking.
+            return False
         try:
             self._branch_head(name)
         except RefNotFoundError:
@@ -254,15 +275,26 @@ class LakeFSVersionedStore(VersionedStore):
         return _to_commit(commit)
 
     def log(self, ref: str, limit: int = 100) -> list[Commit]:
+        """The newest ``limit`` commits reachable from ``ref`` (all of them if fewer).
+
+        Paged with lakeFS's ``limit=false``: a page of ``amount`` says ``has_more`` when more
+        commits follow. With ``limit=true`` lakeFS stops at ``amount`` and always answers
+        ``has_more=false`` (pkg/catalog/catalog.go ListCommits), so paging on it would end
+        after the first page of 1000."""
         validate_ref_name(ref, "ref")
         out: list[Commit] = []
         after = ""
         while len(out) < limit:
             page = self._call(f"log of {ref!r}", self._sdk.refs_api.log_commits, self.repository, ref,
-                              after=after, amount=min(PAGE, limit - len(out)), limit=True)
+                              after=after, amount=min(PAGE, limit - len(out)), limit=False)
             out.extend(_to_commit(c) for c in page.results)
-            if not page.pagination.has_more or not page.results:
+            if not page.pagination.has_more:
                 break
+            if not page.results or not page.pagination.next_offset:
+                raise StoreError(
+                    f"log of {ref!r}: lakeFS at {self.endpoint} said more commits follow but gave "
+                    f"{len(page.results)} commits and next_offset {page.pagination.next_offset!r}; "
+                    "check the server's version")
             after = page.pagination.next_offset
         return out[:limit]
 
@@ -471,6 +503,8 @@ class LakeFSVersionedStore(VersionedStore):
             created = self._call(f"create tag {tag!r}", self._sdk.tags_api.create_tag, self.repository,
                                  lakefs_sdk.TagCreation(id=tag, ref=commit_id), reconcile=ours)
         except StoreError as exc:
+            if http_status(exc) == 409 and self._is_branch(tag):  # lakeFS's 409 for a branch of that name
+                raise StoreError(f"cannot create tag {tag!r}: a branch has that name; pick another name") from None
             if http_status(exc) == 409:
                 raise StoreError(f"tag {tag!r} already exists; tags are immutable, pick a new name") from None
             raise

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.spec import PipelineDefinitionError, PipelineSpec, Source
-from resources.store.base import StoreError, validate_object_path, validate_ref_name
+from resources.store.base import MAX_REF_BYTES, StoreError, validate_object_path, validate_ref_name
 from resources.store.local import LocalVersionedStore
 
 REF_CHARS = string.ascii_letters + string.digits + "_-"
@@ -30,7 +30,7 @@ def _refused_with(fn, arg, message: str) -> bool | None:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.text(min_size=1, max_size=300))
 def test_ref_names_accepted_only_when_lakefs_would_accept_them(name, ledger):
-    valid = len(name) <= 255 and name[0] in string.ascii_letters + string.digits + "_" and all(c in REF_CHARS for c in name)
+    valid = len(name) <= MAX_REF_BYTES and name[0] in string.ascii_letters + string.digits + "_" and all(c in REF_CHARS for c in name)
     refused = _refused_with(validate_ref_name, name, "invalid branch name")
     ok = refused != valid and (refused or validate_ref_name(name) == name)
     ledger.record("bad input: branch and tag names (hypothesis)", ok, True)

@@ -10,7 +10,9 @@ runs when a lakeFS is reachable, e.g. the quickstart container:
     # optional, default local:// (the quickstart's local blockstore)
     export LAKEFS_STORAGE_NAMESPACE_PREFIX=local://
 
-Each test creates its own repository there and deletes it afterwards.
+Each test creates its own repository there and deletes it afterwards. The same settings point
+lakeFS's own wrapper tests (tests/store/lakefs_conformance) at that lakeFS instead of the test
+server.
 """
 
 from __future__ import annotations

@@ -6,12 +6,16 @@ real lakeFS (see the ``real-lakefs`` parameter in conftest.py).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from core import housekeeping
+from core.housekeeping import HousekeepingError
 from resources.store.base import (
     MAIN,
+    MAX_REF_BYTES,
     MergeConflictError,
     RefNotFoundError,
     StoreError,
@@ -275,6 +279,21 @@ def test_tags_are_immutable_pointers(store: VersionedStore):
         store.resolve_ref("digits-v1")
 
 
+def test_a_branch_and_a_tag_never_share_a_name(store: VersionedStore):
+    """lakeFS refuses either with 409 (pkg/catalog/catalog.go CreateBranch, CreateTag): the
+    error must say which name clashed, not that the branch or tag already exists."""
+    head = store.create_branch("run-1")
+    with pytest.raises(StoreError, match="'run-1'.*a branch has that name"):
+        store.create_tag("run-1", MAIN)
+    store.create_tag("digits-v1", MAIN)
+    with pytest.raises(StoreError, match="'digits-v1'.*a tag has that name"):
+        store.create_branch("digits-v1")
+    with pytest.raises(StoreError, match="a tag has that name"):
+        store.create_branch("digits-v1", exist_ok=True)
+    assert store.list_branches() == {MAIN: head, "run-1": head}
+    assert store.list_tags() == {"digits-v1": head}
+
+
 def test_tag_of_a_missing_ref_fails(store: VersionedStore):
     with pytest.raises(RefNotFoundError):
         store.create_tag("v1", "no-such-branch")
@@ -288,6 +307,23 @@ def test_log_lists_reachable_commits_newest_first(store: VersionedStore):
     assert [c.message for c in log[:3]] == ["c2", "c1", "c0"]
     assert [c.id for c in store.log(MAIN, limit=2)] == [ids[2], ids[1]]
     assert [c.id for c in store.log(ids[0])] == [ids[0], initial]
+
+
+def test_log_returns_every_commit_asked_for_past_a_page_of_1000(store: VersionedStore, monkeypatch):
+    """lakeFS serves the log in pages of at most 1000, and its ``limit=true`` stops at one page
+    with has_more=false: a client paging on it never sees commit 1001. Housekeeping needs all
+    of main, so it must see every commit, or refuse to plan."""
+    # 1001 empty commits in seconds: the local twin's fsyncs are not what this test is about.
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+    ids = [store.resolve_ref(MAIN)] + [store.commit(MAIN, f"c{i}", allow_empty=True).id for i in range(1001)]
+    newest_first = ids[::-1]
+    assert [c.id for c in store.log(MAIN, limit=1001)] == newest_first[:1001]
+    assert [c.id for c in store.log(MAIN, limit=1000)] == newest_first[:1000]
+    assert [c.id for c in store.log(MAIN, limit=5000)] == newest_first
+    assert housekeeping.main_commit_ids(store) == set(ids)
+    monkeypatch.setattr(housekeeping, "MAIN_LOG_LIMIT", 1001)
+    with pytest.raises(HousekeepingError, match="more than 1,001 commits.*plans nothing"):
+        housekeeping.main_commit_ids(store)
 
 
 def test_log_after_merge_contains_both_lines(store: VersionedStore):
@@ -345,13 +381,40 @@ def test_pinned_location_of_a_missing_object_fails(store: VersionedStore):
 
 # --- validation --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["", "has/slash", "has.dot", "-leading-dash", "sp ace", "x" * 256, "ü"])
-def test_invalid_branch_and_tag_names_are_refused(store: VersionedStore, name: str):
-    with pytest.raises(StoreError, match="invalid"):
+# lakeFS's own rules (pkg/graveler/validate.go): branch ids are letters, digits, '_' and '-';
+# tag ids follow git's check-ref-format, so release tags with dots are fine. Beyond lakeFS the
+# platform bounds names to MAX_REF_BYTES and keeps a leading '.' off tags (base.py says why).
+BAD_BRANCH_NAMES = ["", "has/slash", "has.dot", "v1.0.0", "-leading-dash", "sp ace", "x" * (MAX_REF_BYTES + 1), "ü"]
+BAD_TAG_NAMES = ["", "has/slash", "two..dots", "ends.", "x.lock", "sp ace", "tab\t", "@", "a@{b", "a^b", "a:b",
+                 "a?b", "a*b", "a[b", "back\\slash", ".hidden", "x" * (MAX_REF_BYTES + 1)]
+GOOD_TAG_NAMES = ["v1.0.0", "release-2024.06.01", "-rc1", "digits-v1", "ü-1.2"]
+
+
+@pytest.mark.parametrize("name", BAD_BRANCH_NAMES)
+def test_invalid_branch_names_are_refused(store: VersionedStore, name: str):
+    with pytest.raises(StoreError, match="invalid branch name"):
         store.create_branch(name)
-    with pytest.raises(StoreError, match="invalid"):
-        store.create_tag(name, MAIN)
     assert list(store.list_branches()) == [MAIN]
+
+
+@pytest.mark.parametrize("name", BAD_TAG_NAMES)
+def test_invalid_tag_names_are_refused(store: VersionedStore, name: str):
+    with pytest.raises(StoreError, match="invalid tag name"):
+        store.create_tag(name, MAIN)
+    assert store.list_tags() == {}
+
+
+@pytest.mark.parametrize("tag", GOOD_TAG_NAMES)
+def test_tags_take_every_name_lakefs_takes(store: VersionedStore, tag: str):
+    commit = commit_file(store, MAIN, {"weights.pt": b"w1"})
+    assert store.create_tag(tag, MAIN) == commit
+    assert store.list_tags() == {tag: commit}
+    assert store.resolve_ref(tag) == commit
+    assert store.get_object(tag, "weights.pt") == b"w1"
+    assert [o.path for o in store.list_objects(tag)] == ["weights.pt"]
+    assert store.pinned_location(tag, "weights.pt").extra["commit_id"] == commit
+    store.delete_tag(tag)
+    assert store.list_tags() == {}
 
 
 @pytest.mark.parametrize("path", ["", "/abs/path", "../escape", "a/../b", "a//b", "a/./b", "dir/", "ctl\x01", "back\\slash"])

@@ -1,0 +1,1 @@
+"""lakeFS's wrapper tests, run from a checkout against the lakeFS test server (README.md)."""
