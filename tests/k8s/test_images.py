@@ -20,7 +20,7 @@ PYPI_NAME = {"pynvml": "nvidia-ml-py", "dagster_pipes": "dagster-pipes", "PIL": 
 
 def runtime_third_party_imports() -> set[str]:
     names: set[str] = set()
-    for path in (REPO / "training_runtime").glob("*.py"):
+    for path in (REPO / "training_runtime").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names |= {a.name.split(".")[0] for a in node.names}

@@ -163,7 +163,7 @@ def test_both_images_record_the_version_and_label_the_commit():
         text = (IMAGES / dockerfile).read_text().replace("\\\n", " ")
         assert re.search(r"^ARG GIT_SHA$", text, flags=re.M) and re.search(r"^ARG GIT_DIRTY$", text, flags=re.M), \
             f"{dockerfile}: no default, so an unversioned build fails"
-        assert re.search(r'python -m training_runtime\.build_info --git-sha "\$\{GIT_SHA\}" --dirty "\$\{GIT_DIRTY\}"',
+        assert re.search(r'python -m training_runtime\.observe\.build_info --git-sha "\$\{GIT_SHA\}" --dirty "\$\{GIT_DIRTY\}"',
                          text), dockerfile
         assert "/opt/model-factory/BUILD.json" in text, dockerfile
         assert 'org.opencontainers.image.revision="${GIT_SHA}"' in text, dockerfile

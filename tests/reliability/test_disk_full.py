@@ -15,7 +15,7 @@ from tests.runtime.helpers import REPO
 _CHECKPOINT_SCRIPT = textwrap.dedent("""
     import resource, signal, sys, torch
     from pathlib import Path
-    from training_runtime.checkpoint import write_checkpoint
+    from training_runtime.checkpoint.full import write_checkpoint
     root = Path(sys.argv[1]); limit = int(sys.argv[2])
     write_checkpoint(root, 1, {"step": 1, "w": torch.zeros(16)})           # small: fits
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)                          # get EFBIG, not a kill
