@@ -27,11 +27,13 @@ class ProbeError(RuntimeError):
 
 
 def run_json(cmd: list[str], *, timeout: float, env: dict[str, str] | None = None,
-             cwd: Path = REPO) -> dict:
-    """Run ``cmd``; its last stdout line must be one JSON object, which is returned."""
+             cwd: Path = REPO, preexec=None) -> dict:
+    """Run ``cmd``; its last stdout line must be one JSON object, which is returned. ``preexec``
+    runs in the child before it starts (e.g. to set a resource limit it must start with)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd,
+                           preexec_fn=preexec)
     except subprocess.TimeoutExpired as e:
         raise ProbeError(f"{' '.join(map(str, cmd))} ran past {timeout:.0f} s") from e
     lines = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("{")]

@@ -53,26 +53,32 @@ def warm_page_cache(root: Path) -> None:
 
 # ---------------------------------------------------------------- loaders (epoch -> batches)
 def ours(data: Path, workers: int, seed: int, before: bool = False):
+    """The runtime's loader over the v1 shards, as the trainer runs it: ``open_split`` (the v1
+    files read as the columns features and label), ``TypedLoader`` with ``workers`` loader
+    threads, epochs chained by ``chained_epochs``. ``before``: the loader as it was at d0638fe
+    (benchmarks/baselines/loader_d0638fe.py)."""
     import torch
 
-    from training_runtime.data.v1 import PrefetchLoader, SplitData
+    from training_runtime.data.loader import TypedLoader, open_split
+    from training_runtime.data.prefetch import chained_epochs
     from training_runtime.data.sampling import epoch_indices
 
     if before:
-        from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811
+        from benchmarks.baselines.loader_d0638fe import TypedLoaderBefore as TypedLoader  # noqa: F811
 
-    man = _manifest(data)
-    paths = [p for p, _ in _train_files(data)]
-    split = SplitData(man, paths, "train")
+    split = open_split(_manifest(data), [p for p, _ in _train_files(data)], "train")
+
+    def make_loader(e: int, first: int):
+        idx = epoch_indices(split.num_samples, 1, 0, e, seed)
+        return TypedLoader(split, idx, BATCH, first, torch.device("cpu"), epoch=e, seed=seed,
+                           num_workers=workers, prefetch_batches=4)
 
     def epoch(e: int):
-        idx = epoch_indices(split.num_samples, 1, 0, e, seed)
-        loader = PrefetchLoader(split, idx, BATCH, 0, torch.device("cpu"), num_workers=workers,
-                                prefetch_batches=4)
-        if before:  # before 363bf0b batches kept sampler order
-            loader.batches = [idx[i:i + BATCH] for i in range(0, len(idx), BATCH)]
-        for b in loader:
-            yield b.x, b.y
+        if e:
+            raise RuntimeError("chained epochs never end")
+        for _, loader in chained_epochs(make_loader, 0, -(-split.num_samples // BATCH), 10**9):
+            for b in loader:
+                yield b["features"], b["label"]
     return epoch
 
 
@@ -171,7 +177,8 @@ def webdataset(data: Path, workers: int, seed: int):
 
 
 def ours_before(data: Path, workers: int, seed: int):
-    """The runtime's loader with its gather as before commit 363bf0b (benchmarks/baselines)."""
+    """The runtime's loader as it was at commit d0638fe, before its gather ran on several threads
+    (benchmarks/baselines/loader_d0638fe.py)."""
     return ours(data, workers, seed, before=True)
 
 

@@ -45,19 +45,22 @@ def _limit_data(extra_mb: float | None) -> int | None:
 
 # ---------------------------------------------------------------- data stall
 def stall(a: dict) -> dict:
+    """The runtime's loader (``open_split`` over the v1 shards, ``TypedLoader`` with the runtime's
+    defaults) feeding a compute step of fixed cost; ``before``: the loader of d0638fe
+    (benchmarks/baselines/loader_d0638fe.py). Epochs are chained as the trainer chains them."""
     import torch
 
-    from training_runtime.data.v1 import PrefetchLoader, SplitData
+    from training_runtime.data.loader import TypedLoader, open_split
     from training_runtime.data.prefetch import chained_epochs
     from training_runtime.data.sampling import epoch_indices
 
     if a.get("before"):
-        from benchmarks.baselines.data_a240667 import SplitDataBefore as SplitData  # noqa: F811
+        from benchmarks.baselines.loader_d0638fe import TypedLoaderBefore as TypedLoader  # noqa: F811
     torch.set_num_threads(1)
     data = Path(a["data"])
     man = json.loads((data / "shards" / "manifest.json").read_text())
     paths = [data / "shards" / s["path"] for s in man["splits"]["train"]["shards"]]
-    split = SplitData(man, paths, "train")
+    split = open_split(man, paths, "train")
     dim = math.prod(man["feature_shape"])
     w = torch.randn(dim, a["width"])
     xb = torch.randn(a["batch"], dim)
@@ -77,20 +80,16 @@ def stall(a: dict) -> dict:
 
     def make_loader(e: int, first: int):
         idx = epoch_indices(split.num_samples, 1, 0, e, 0)
-        loader = PrefetchLoader(split, idx, a["batch"], first, torch.device("cpu"),
-                                num_workers=a["workers"], prefetch_batches=a["prefetch"])
-        if a.get("before"):  # before 363bf0b batches kept sampler order
-            loader.batches = [idx[i:i + a["batch"]] for i in range(0, len(idx), a["batch"])]
-        return loader
+        return TypedLoader(split, idx, a["batch"], first, torch.device("cpu"), epoch=e, seed=0,
+                           num_workers=a["workers"], prefetch_batches=a["prefetch"])
 
-    # Epochs chained as the trainer chains them: each epoch's loader starts the next one's.
     per_epoch = math.ceil(split.num_samples / a["batch"])
     for epoch, loader in chained_epochs(make_loader, 0, per_epoch, 10**9):
         t0 = time.perf_counter()
         for i, b in enumerate(loader):
             if i == 0:  # what the epoch's start costs: the first batch not yet gathered
                 first_wait += loader.wait_s
-            compute(b.x)
+            compute(b["features"])
             steps += 1
         total += time.perf_counter() - t0
         wait += loader.wait_s
@@ -142,6 +141,7 @@ def preprocess(a: dict) -> dict:
     src = Path(a["source"])
     dim, sps, how = a["dim"], a["samples_per_shard"], a["how"]
     if how in ("platform", "platform_ge"):
+        import pyarrow.csv  # noqa: F401  (the Arrow reader's module, as the baseline has it imported)
         import pyarrow.parquet  # noqa: F401
         import assets.ingest  # noqa: F401
         if how == "platform_ge":
@@ -277,7 +277,7 @@ def checkpoint(a: dict) -> dict:
 def load(a: dict) -> dict:
     import torch
 
-    from training_runtime.data.v1 import PrefetchLoader, SplitData
+    from training_runtime.data.loader import TypedLoader, open_split
     from training_runtime.data.sampling import epoch_indices
 
     data = Path(a["data"])
@@ -289,12 +289,12 @@ def load(a: dict) -> dict:
                 pass
     with PeakMemory() as mem:
         t0 = time.perf_counter()
-        split = SplitData(man, paths, "train")
+        split = open_split(man, paths, "train")
         n = 0
         for e in range(a["epochs"]):
             idx = epoch_indices(split.num_samples, 1, 0, e, 0)
-            for b in PrefetchLoader(split, idx, 256, 0, torch.device("cpu"), num_workers=2):
-                n += len(b.y)
+            for b in TypedLoader(split, idx, 256, 0, torch.device("cpu"), epoch=e, seed=0, num_workers=2):
+                n += len(b["label"])
         dt = time.perf_counter() - t0
     return {"samples": n, "seconds": dt, "peak_rss_bytes": mem.peak_rss, "peak_anon_bytes": mem.peak_anon,
             "work_anon_bytes": mem.peak_anon - mem.start_anon,

@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from training_runtime.data.shards import DataError, resolve_shards
-from training_runtime.data.v1 import PrefetchLoader, SplitData
+from training_runtime.data.loader import TypedLoader, open_split
 from training_runtime.data.sampling import epoch_indices, steps_per_epoch
 from tests.runtime.helpers import make_dataset
 
@@ -68,12 +68,16 @@ def _reference(root, manifest, split="train"):
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def _features_and_labels(gathered: dict) -> tuple[np.ndarray, np.ndarray]:
+    return gathered["features"], gathered["label"]
+
+
 def test_gather_reads_the_right_samples_across_shards(dataset):
     root, manifest, locations = dataset
-    data = SplitData(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    data = open_split(manifest, resolve_shards(manifest, locations, "train", None), "train")
     x_ref, y_ref = _reference(root, manifest)
     idx = np.array([69, 0, 15, 16, 33, 33, 47, 1])
-    x, y = data.gather(idx)
+    x, y = _features_and_labels(data.gather(idx))
     assert x.flags.c_contiguous and x.dtype == np.float32 and x.shape == (8, 2, 3)
     np.testing.assert_array_equal(x, x_ref[idx])
     np.testing.assert_array_equal(y, y_ref[idx])
@@ -81,27 +85,27 @@ def test_gather_reads_the_right_samples_across_shards(dataset):
 
 def test_prefetch_loader_yields_batches_in_order_from_start_step(dataset):
     root, manifest, locations = dataset
-    data = SplitData(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    data = open_split(manifest, resolve_shards(manifest, locations, "train", None), "train")
     x_ref, y_ref = _reference(root, manifest)
     idx = epoch_indices(70, 2, 1, epoch=0, seed=3)
     for workers in (1, 3):
-        loader = PrefetchLoader(data, idx, 8, start_step=2, device=torch.device("cpu"),
-                                num_workers=workers, prefetch_batches=2)
+        loader = TypedLoader(data, idx, 8, 2, torch.device("cpu"), epoch=0, seed=3,
+                             num_workers=workers, prefetch_batches=2)
         batches = list(loader)
         assert len(batches) == len(loader) == 3  # 35 samples in batches of 8: 5 batches, from 2
         expect = [np.sort(idx[i:i + 8]) for i in range(16, 35, 8)]  # index order within a batch
         for b, e in zip(batches, expect, strict=True):
-            np.testing.assert_array_equal(b.x.numpy(), x_ref[e])
-            np.testing.assert_array_equal(b.y.numpy(), y_ref[e])
+            np.testing.assert_array_equal(b["features"].numpy(), x_ref[e])
+            np.testing.assert_array_equal(b["label"].numpy(), y_ref[e])
         assert loader.wait_s >= 0
 
 
 def test_prefetch_loader_reports_worker_errors(dataset):
     root, manifest, locations = dataset
-    data = SplitData(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    data = open_split(manifest, resolve_shards(manifest, locations, "train", None), "train")
     bad = np.array([0, 1, 10_000])
     with pytest.raises(DataError, match="loading batch 0 failed"):
-        list(PrefetchLoader(data, bad, 3, 0, torch.device("cpu")))
+        list(TypedLoader(data, bad, 3, 0, torch.device("cpu"), epoch=0, seed=0))
 
 
 def test_missing_shard_and_checksum_mismatch(dataset, tmp_path):
@@ -126,15 +130,15 @@ def test_labels_outside_num_classes_are_rejected(dataset):
     small = dict(manifest, num_classes=2)
     paths = resolve_shards(manifest, locations, "train", None)
     with pytest.raises(DataError, match=r"outside \[0, num_classes=2\)"):
-        SplitData(small, paths, "train")
+        open_split(small, paths, "train")
 
 
 def test_gather_keeps_the_requested_order_for_unsorted_indices(dataset):
     root, manifest, locations = dataset
-    data = SplitData(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    data = open_split(manifest, resolve_shards(manifest, locations, "train", None), "train")
     x_ref, y_ref = _reference(root, manifest)
     for idx in (np.arange(70), np.array([5, 3, 60, 3, 17, 0]), np.array([], dtype=np.int64)):
-        x, y = data.gather(idx)
+        x, y = _features_and_labels(data.gather(idx))
         np.testing.assert_array_equal(x, x_ref[idx])
         np.testing.assert_array_equal(y, y_ref[idx])
     with pytest.raises(IndexError, match="out of range"):
@@ -145,7 +149,7 @@ def test_gather_of_large_samples_takes_the_indexed_copy_path(tmp_path):
     """Samples of 64 KiB and more are copied with an advanced index instead of np.take."""
     shape = (128, 128)  # 64 KiB of float32 per sample
     manifest, locations = make_dataset(tmp_path, n_train=24, n_test=4, feature_shape=shape, per_shard=7)
-    data = SplitData(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    data = open_split(manifest, resolve_shards(manifest, locations, "train", None), "train")
     xs, ys = [], []
     for s in manifest["splits"]["train"]["shards"]:
         raw = (tmp_path / s["path"]).read_bytes()
@@ -154,7 +158,7 @@ def test_gather_of_large_samples_takes_the_indexed_copy_path(tmp_path):
         ys.append(np.frombuffer(raw[n * width:], "<i8"))
     x_ref, y_ref = np.concatenate(xs), np.concatenate(ys)
     idx = np.array([23, 0, 6, 7, 7, 14, 1])
-    x, y = data.gather(idx)
+    x, y = _features_and_labels(data.gather(idx))
     np.testing.assert_array_equal(x, x_ref[idx])
     np.testing.assert_array_equal(y, y_ref[idx])
 

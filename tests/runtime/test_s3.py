@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from training_runtime.data.shards import DataError, resolve_shards
-from training_runtime.data.v1 import SplitData
+from training_runtime.data.split import open_split
 from tests.runtime.helpers import make_dataset
 
 pytestmark = pytest.mark.slow
@@ -90,10 +90,10 @@ def test_s3_shards_are_cached_by_sha256_and_verified(s3, tmp_path):
     paths = resolve_shards(manifest, locations, "train", str(cache), endpoint)
     shards = manifest["splits"]["train"]["shards"]
     assert [p.name for p in paths] == [f"{s['sha256']}.bin" for s in shards]
-    data = SplitData(manifest, paths, "train")
-    local = SplitData(manifest, resolve_shards(manifest, file_locations, "train", None), "train")
+    data = open_split(manifest, paths, "train")
+    local = open_split(manifest, resolve_shards(manifest, file_locations, "train", None), "train")
     idx = np.arange(40)
-    np.testing.assert_array_equal(data.gather(idx)[0], local.gather(idx)[0])
+    np.testing.assert_array_equal(data.gather(idx)["features"], local.gather(idx)["features"])
 
     # A second resolve uses the cache: it works with the object gone.
     client.delete_object(Bucket="shards", Key=f"c1/{shards[0]['path']}")

@@ -13,7 +13,6 @@ from PIL import Image
 
 from training_runtime.data import shards as data_mod
 from training_runtime.data.shards import DataError, resolve_shards
-from training_runtime.data.v1 import SplitData
 from training_runtime.data.sampling import epoch_indices
 from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
 from training_runtime.data.augment import ImageAugment, sample_random_words
@@ -348,11 +347,12 @@ def test_uint16_token_windows(tmp_path):
 
 
 # ---------------------------------------------------------------- both formats
-def test_open_split_reads_v1_manifests_through_split_data(tmp_path, written):
+def test_open_split_reads_v1_manifests_as_typed_columns(tmp_path, written):
     manifest, locations = make_dataset(tmp_path, n_train=30, n_test=5, feature_shape=(2, 3), per_shard=8)
     v1 = open_split(manifest, resolve_shards(manifest, locations, "train", None), "train")
-    assert isinstance(v1, SplitData) and v1.num_samples == 30
-    x, y = v1.gather(np.array([29, 0, 8]))
+    assert isinstance(v1, TypedSplit) and v1.num_samples == 30
+    got = v1.gather(np.array([29, 0, 8]))
+    x, y = got["features"], got["label"]
     assert x.shape == (3, 2, 3) and y.dtype == np.int64
     assert isinstance(open_split(written["manifest"], written["paths"], "train"), TypedSplit)
     with pytest.raises(DataError, match="manifest format 'model-factory.shards/v9' is neither"):

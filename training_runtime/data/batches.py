@@ -1,10 +1,10 @@
-"""Loaders over a split of either shard format, yielding what the tasks take: ``{"input": model
-input, "target": targets}`` (``data_info.model_batch``).
+"""The loader over a split of any shard format, yielding what the tasks take: ``{"input": model
+input, "target": targets}`` (``data.info.model_batch``).
 
-v1 splits go through ``data.PrefetchLoader`` (features and labels); v2 splits through
-``typed_loader.TypedLoader``, which decodes JPEG columns and applies the seeded image
-augmentation on its threads. Both are ``data.BatchPrefetcher``s, so sampling, resume mid-epoch
-and epoch chaining are the same for every kind of data."""
+Every split is a ``TypedSplit`` (v1 manifests are read as the columns ``features`` and ``label``),
+so every split goes through ``TypedLoader``: it decodes JPEG columns and applies the seeded image
+augmentation on its threads, and its sampling, resume mid-epoch and epoch chaining are the same
+for every kind of data."""
 
 from __future__ import annotations
 
@@ -18,18 +18,15 @@ from training_runtime.data.augment import ImageAugment
 from training_runtime.data.decode import ImageDecoder
 from training_runtime.data.info import DataInfo, model_batch
 from training_runtime.data.loader import TypedLoader
-from training_runtime.data.prefetch import BatchPrefetcher
-from training_runtime.data.v1 import Batch, PrefetchLoader, SplitData
+from training_runtime.data.split import TypedSplit
 
 
-def split_loader(data, info: DataInfo, indices: np.ndarray, batch_size: int, start_step: int,
+def split_loader(data: TypedSplit, info: DataInfo, indices: np.ndarray, batch_size: int, start_step: int,
                  device: torch.device, *, epoch: int, seed: int, augment=None, num_workers: int = 1,
                  prefetch_batches: int = 4, pool: concurrent.futures.ThreadPoolExecutor | None = None
-                 ) -> BatchPrefetcher:
-    """One epoch's batches of ``indices`` from ``start_step``. ``augment``: a config with
-    ``padding`` and ``hflip`` (images only), or None."""
-    if isinstance(data, SplitData):
-        return PrefetchLoader(data, indices, batch_size, start_step, device, num_workers, prefetch_batches)
+                 ) -> TypedLoader:
+    """One epoch's batches of ``indices`` from ``start_step``: the model's input column and its
+    target column. ``augment``: a config with ``padding`` and ``hflip`` (images only), or None."""
     columns = [info.input_column] + ([info.target_column] if info.target_column else [])
     decoders = {}
     if info.encoded:
@@ -43,13 +40,6 @@ def split_loader(data, info: DataInfo, indices: np.ndarray, batch_size: int, sta
                        prefetch_batches=prefetch_batches, pool=pool)
 
 
-def columns_of(batch) -> dict[str, torch.Tensor]:
-    """A loader's batch as column name -> tensor (v1 batches have features and labels)."""
-    if isinstance(batch, Batch):
-        return {"features": batch.x, "label": batch.y}
-    return batch
-
-
-def model_batches(loader, info: DataInfo) -> Iterator[dict[str, torch.Tensor]]:
+def model_batches(loader: TypedLoader, info: DataInfo) -> Iterator[dict[str, torch.Tensor]]:
     for batch in loader:
-        yield model_batch(info, columns_of(batch))
+        yield model_batch(info, batch)

@@ -1,17 +1,22 @@
 """Gathering a batch's rows from memory-mapped shards: where each sample lies (a plan, made once per
-batch and used for every column) and the copy into one contiguous output."""
+load and used for every column) and the copy into one contiguous output."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-# ---------------------------------------------------------------- row gathering (v1 and v2 shards)
-# Large samples copy faster from the memory map with an advanced index into the slice
-# (benchmarks/: 192 KB samples 0.27x -> 0.43x and 0.32x -> 0.40x of the memory-read limit in two
-# side-by-side runs); 4 KB samples are fastest with np.take into ``out``.
+# ---------------------------------------------------------------- row gathering
+# Which copy is fastest depends on the row size (measured on the 2-core benchmark machine, one
+# thread, random sorted rows of a page-cache shard): up to 96 KB ``ndarray.take`` and
+# ``torch.index_select`` move the same ~8 GB/s (and take costs less per call: 516-byte token rows
+# 27 against 40 us a batch); at 192 KB take falls to 6.9 GB/s, where glibc's memmove (numpy's copy,
+# also ctypes.memmove) is slow, while index_select's own copy loop keeps 15.8 GB/s.
 LARGE_SAMPLE_BYTES = 64 * 1024
+_READ_ONLY_WARNING = "The given NumPy array is not writable"
 
 
 @dataclass(frozen=True)
@@ -47,16 +52,19 @@ def plan_batches(starts: np.ndarray, batches: list[np.ndarray]) -> RowPlan:
     for b in batches:
         if len(b) and (b[0] < 0 or b[-1] >= num_samples):
             raise IndexError(f"sample index out of range [0, {num_samples})")
-    if len(batches) == 1:
-        idx = keys = batches[0]
-        edges = starts
-    else:
-        # Batch k's indices shifted by k * num_samples make the rows one sorted run, so one
-        # searchsorted finds every (batch, shard) boundary.
-        idx = np.concatenate(batches)
-        run = np.repeat(np.arange(len(batches), dtype=np.int64), [len(b) for b in batches])
-        keys = idx + run * num_samples
-        edges = (starts[None, :] + np.arange(len(batches), dtype=np.int64)[:, None] * num_samples).ravel()
+    if len(batches) == 1:  # the common case, in half the numpy calls
+        idx = batches[0]
+        bounds = np.searchsorted(idx, starts)
+        counts = np.diff(bounds)
+        used = np.flatnonzero(counts)
+        local = idx - np.repeat(starts[:-1], counts)
+        return RowPlan(list(zip(used.tolist(), bounds[used].tolist(), bounds[used + 1].tolist())), local, None)
+    # Batch k's indices shifted by k * num_samples make the rows one sorted run, so one
+    # searchsorted finds every (batch, shard) boundary.
+    idx = np.concatenate(batches)
+    run = np.repeat(np.arange(len(batches), dtype=np.int64), [len(b) for b in batches])
+    keys = idx + run * num_samples
+    edges = (starts[None, :] + np.arange(len(batches), dtype=np.int64)[:, None] * num_samples).ravel()
     bounds = np.searchsorted(keys, edges).reshape(len(batches), -1)
     counts = np.diff(bounds, axis=1).ravel()
     local = idx - np.repeat(np.tile(starts[:-1], len(batches)), counts)
@@ -66,24 +74,42 @@ def plan_batches(starts: np.ndarray, batches: list[np.ndarray]) -> RowPlan:
     return RowPlan(segments, local, None)
 
 
-def take_rows(arrays: list[np.ndarray], plan: RowPlan, out: np.ndarray) -> None:
-    """Copy the planned rows of one column (one array per shard, samples on axis 0) into ``out``.
-    The arrays should be plain ndarray views of the memory maps: np.memmap's subclass hooks cost
-    on every call."""
-    if plan.order is None:
-        _take_segments(arrays, plan, out)
-    else:
-        tmp = np.empty_like(out)
-        _take_segments(arrays, plan, tmp)
-        out[plan.order] = tmp
+class ColumnRows:
+    """One fixed-shape column of a split: one array per shard (samples on axis 0), plain ndarray
+    views of the memory maps (np.memmap's subclass hooks cost on every call). Columns of large
+    samples also keep a tensor view of each shard for ``torch.index_select``, which copies with
+    torch's intra-op threads (``torch.get_num_threads()``; the launcher sets OMP_NUM_THREADS per
+    rank). Both copies release the GIL, so the loader's threads gather side by side."""
 
+    def __init__(self, arrays: list[np.ndarray]):
+        self.arrays = arrays
+        self.sample_bytes = int(np.prod(arrays[0].shape[1:])) * arrays[0].itemsize if arrays else 0
+        self.tensors = _read_only_tensors(arrays) if self.sample_bytes >= LARGE_SAMPLE_BYTES else None
 
-def _take_segments(arrays: list[np.ndarray], plan: RowPlan, out: np.ndarray) -> None:
-    large = out[0].nbytes >= LARGE_SAMPLE_BYTES if len(out) else False
-    local = plan.local
-    for s, a, e in plan.segments:
-        if large:
-            out[a:e] = arrays[s][local[a:e]]
+    def take(self, plan: RowPlan, out: np.ndarray) -> None:
+        """Copy the planned rows into ``out`` (contiguous, the column's dtype and sample shape)."""
+        if plan.order is None:
+            self._take_segments(plan, out)
         else:
+            tmp = np.empty_like(out)
+            self._take_segments(plan, tmp)
+            out[plan.order] = tmp
+
+    def _take_segments(self, plan: RowPlan, out: np.ndarray) -> None:
+        local = plan.local
+        if self.tensors is not None and len(out):
+            dest, rows = torch.from_numpy(out), torch.from_numpy(local)
+            for s, a, e in plan.segments:
+                torch.index_select(self.tensors[s], 0, rows[a:e], out=dest[a:e])
+            return
+        for s, a, e in plan.segments:
             # mode="clip": the default "raise" buffers ``out``, a hidden second copy
-            np.take(arrays[s], local[a:e], axis=0, out=out[a:e], mode="clip")
+            self.arrays[s].take(local[a:e], axis=0, out=out[a:e], mode="clip")
+
+
+def _read_only_tensors(arrays: list[np.ndarray]) -> list[torch.Tensor]:
+    """Tensor views of read-only memory maps. torch warns (once per process) that it cannot mark
+    a tensor read-only; these are only ever the source of a copy, so that one warning is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_READ_ONLY_WARNING, category=UserWarning)
+        return [torch.from_numpy(a) for a in arrays]

@@ -2,7 +2,7 @@
 the tasks, the model card and serving: the input column and how it becomes a model input, the
 target column, classes, vocabulary and normalisation.
 
-Three kinds of data, in two shard formats:
+Three kinds of data, in two shard formats (v1 read as v2, ``shard_format.as_v2``):
 
 - ``table``: v1 manifests (float32 features, int64 class labels) and v2 manifests of kind
   ``table`` (float32 ``features``; an int64 ``label``, a float32 ``target`` for regression, or a
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-FORMAT_V1 = "model-factory.shards/v1"
-FORMAT_V2 = "model-factory.shards/v2"
+from training_runtime.data.shard_format import ShardFormatError, as_v2
+
 # Images reach the model as (pixel / 255 - 0.5) / 0.25: centred, roughly unit variance, the same
 # for every dataset so a card needs no statistics (recorded in the model card all the same).
 IMAGE_SCALE = 1.0 / 255.0
@@ -55,15 +55,10 @@ class DataInfo:
 
     @classmethod
     def from_manifest(cls, manifest: Mapping) -> DataInfo:
-        fmt = manifest.get("format")
-        if fmt == FORMAT_V1:
-            return cls(kind="table", task="classification", input_column="features", input_dtype="float32",
-                       input_shape=tuple(manifest["feature_shape"]), encoded=False, target_column="label",
-                       target_dtype="int64", target_shape=(), num_classes=int(manifest["num_classes"]),
-                       class_names=tuple(manifest.get("class_names") or ()), vocab_size=None, pad_id=None,
-                       eos_id=None, normalisation=manifest.get("normalisation"), target_normalisation=None)
-        if fmt != FORMAT_V2:
-            raise DataInfoError(f"manifest format {fmt!r} is neither {FORMAT_V1!r} nor {FORMAT_V2!r}")
+        try:  # v1 manifests as the reader sees them: columns features and label (the shards do not matter here)
+            manifest = as_v2({k: v for k, v in manifest.items() if k != "splits"})
+        except ShardFormatError as e:
+            raise DataInfoError(str(e)) from e
         columns = manifest.get("columns") or []
         inputs = [c for c in columns if c.get("role") == "input"]
         targets = [c for c in columns if c.get("role") == "target"]

@@ -1,8 +1,8 @@
-"""The loader for shard format v2 (typed columns): ``TypedLoader`` is the per-rank prefetching
-loader over a ``TypedSplit`` (``data.BatchPrefetcher``, so the sampler, resume and epoch chaining
-are v1's). It decodes encoded columns and augments images on a thread pool, straight into the
-batch's (pinned) tensors. ``TypedSplit`` and ``open_split`` (either format) are in
-``training_runtime.data.split`` and importable from here.
+"""The loader: ``TypedLoader`` is the per-rank prefetching loader over a ``TypedSplit`` of either
+shard format (``data.prefetch.BatchPrefetcher``: the sampler, resume and epoch chaining). It
+decodes encoded columns and augments images on a thread pool, straight into the batch's (pinned)
+tensors. ``TypedSplit`` and ``open_split`` are in ``training_runtime.data.split`` and importable
+from here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -61,30 +62,60 @@ class _Field:
         return _TORCH_DTYPES[self.dtype]
 
 
-class _ReusedBlocks:
-    """One loader thread's CPU output blocks, filled again once the batches cut from them are gone.
+class _BlockPool:
+    """The CPU blocks that loads fill (batch outputs, augmentation staging), shared by every loader
+    of one split and handed out again once nothing refers to them.
 
     A load's rows are one numpy block handed over as tensors (``torch.from_numpy``); every tensor
-    or numpy view cut from it keeps the block alive through its storage, so when only this list
+    or numpy view cut from it keeps the block alive through its storage, so when only the pool
     still refers to a block (``sys.getrefcount``: CPython's count, which the runtime runs on),
     nothing can read it any more. Fresh memory instead costs a page fault per 4 KB on every load:
     15-20 % of the image loader's throughput on 2 cores (benchmarks/typed_loaders.py, 12.5 MB per
-    batch of 128x128 images). Pinned blocks need none of this: CUDA's host allocator caches them."""
+    batch of 128x128 images), and twice the CPU of the copy itself for 50 MB batches of 192 KB
+    samples. One pool per split, not per loader: each epoch's loader (and its threads) is new, and
+    a short epoch (6 batches of 192 KB samples) would otherwise fill fresh memory almost every load.
+    Pinned blocks need none of this: CUDA's host allocator caches them."""
 
-    def __init__(self, keep: int):
-        self.keep = keep
-        self.blocks: list[np.ndarray] = []
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: list[np.ndarray] = []
+        self._reserved = 0
+
+    def reserve(self, blocks: int) -> None:
+        """A loader starts that may hold ``blocks`` at once (``release`` them when it closes)."""
+        with self._lock:
+            self._reserved += blocks
+
+    def release(self, blocks: int) -> None:
+        """A loader closed: the pool keeps no more blocks than the loaders still open may use."""
+        with self._lock:
+            self._reserved -= blocks
+            del self._blocks[:max(0, len(self._blocks) - self._reserved)]
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        for block in self.blocks:
-            # references: the list, the loop variable and getrefcount's own argument
-            if sys.getrefcount(block) == 3 and block.shape == shape and block.dtype == dtype:
-                return block
-        block = np.empty(shape, dtype)
-        if len(self.blocks) >= self.keep:
-            self.blocks.pop(0)  # still in use by the consumer, which frees it when done
-        self.blocks.append(block)
-        return block
+        with self._lock:
+            for block in self._blocks:
+                # references: the list, the loop variable and getrefcount's own argument; a block
+                # just handed to another thread is still referenced by that thread, so it is not free
+                if sys.getrefcount(block) == 3 and block.shape == shape and block.dtype == dtype:
+                    return block
+            block = np.empty(shape, dtype)
+            while self._blocks and len(self._blocks) >= max(1, self._reserved):
+                self._blocks.pop(0)  # the oldest; still in use by a batch, which frees it when done
+            self._blocks.append(block)
+            return block
+
+
+_POOLS: weakref.WeakKeyDictionary[TypedSplit, _BlockPool] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _block_pool(split: TypedSplit) -> _BlockPool:
+    with _POOLS_LOCK:
+        pool = _POOLS.get(split)
+        if pool is None:
+            pool = _POOLS[split] = _BlockPool()
+        return pool
 
 
 def _fields(split: TypedSplit, columns: Sequence[str] | None, decoders: Mapping[str, Decoder],
@@ -124,10 +155,13 @@ class TypedLoader(BatchPrefetcher):
     key the augmentation's random choices with each sample's global index, so they depend on
     nothing else. ``columns``: what to yield (default: every input and target column).
     ``decoders``: column -> ``Decoder`` for encoded columns; ``augment``: column ->
-    ``ImageAugment``. Decoding and augmentation run on ``pool`` (shared across epochs by the
-    caller) or on a pool of ``decode_threads`` threads of the loader's own (default: this process's
-    cores); a batch is cut into ``decode_threads`` contiguous parts. ``batches_per_load``: batches
-    made per load (default: 1 when decoding or augmenting, else enough for about LOAD_BYTES)."""
+    ``ImageAugment``. Decoding and augmentation run on ``decode_threads`` threads in all (default:
+    this process's cores), the loader threads first: a load is cut into
+    ``ceil(decode_threads / num_workers)`` contiguous parts, the loader thread transforms the first
+    and ``pool`` (shared across epochs by the caller, or the loader's own) the others. With as many
+    loader threads as decode threads each transforms its whole load, with no hand-off at all.
+    ``batches_per_load``: batches made per load (default: 1 when decoding or augmenting, else
+    enough for about LOAD_BYTES)."""
 
     def __init__(self, split: TypedSplit, indices: np.ndarray, batch_size: int, start_step: int,
                  device: torch.device, *, epoch: int, seed: int, columns: Sequence[str] | None = None,
@@ -140,16 +174,25 @@ class TypedLoader(BatchPrefetcher):
         self.fields = _fields(split, columns, decoders or {}, augment or {})
         self.decode_threads = decode_threads or len(os.sched_getaffinity(0))
         transforms = any(f.decoder or f.augment for f in self.fields)
+        # Parts of a load that are transformed side by side; the loader thread takes one itself
+        # (one hand-off fewer per load: image loader CPU 230 -> 214 us/image with the zero-copy
+        # JPEG views, benchmarks/typed_loaders.py).
+        self.parts = max(1, math.ceil(self.decode_threads / num_workers)) if transforms else 0
         # A pool given by the caller (one for all epochs, so chained epochs that overlap do not
         # run twice the threads) stays open; one made here is shut down with the loader.
-        self.own_pool = pool is None and transforms
-        self.pool = (concurrent.futures.ThreadPoolExecutor(self.decode_threads, thread_name_prefix="shard-decode")
-                     if self.own_pool else pool if transforms else None)
-        self._scratch = threading.local()
+        self.own_pool = pool is None and self.parts > 1
+        self.pool = (concurrent.futures.ThreadPoolExecutor(max(1, self.decode_threads - num_workers),
+                                                           thread_name_prefix="shard-decode")
+                     if self.own_pool else pool if self.parts > 1 else None)
         if batches_per_load is None:  # decoding dominates a load: grouping would only delay batches
             batches_per_load = 1 if transforms else self._copies_per_load(batch_size)
         super().__init__(self._load, self._deliver, indices, batch_size, start_step, num_workers, prefetch_batches,
                          batches_per_load)
+        self.blocks = _block_pool(split)
+        # at most: per worker, its queue's loads and the one it fills; the consumer's current load and the one before
+        per_field = num_workers * (self.queues[0].maxsize + 1) + 2
+        self._reserved = 0 if self.pin else per_field * sum(f.is_tensor + (f.augment is not None) for f in self.fields)
+        self.blocks.reserve(self._reserved)
 
     def _copies_per_load(self, batch_size: int) -> int:
         """Batches per load when a load only copies: enough that a load moves about LOAD_BYTES
@@ -162,20 +205,12 @@ class TypedLoader(BatchPrefetcher):
         shape = (n, *f.out_shape)
         if self.pin:
             return torch.empty(shape, dtype=f.torch_dtype, pin_memory=True)
-        blocks = self._scratch.__dict__.setdefault("blocks", {})
-        if f.name not in blocks:  # this thread's loads in its queue, the one it fills, a few in use
-            blocks[f.name] = _ReusedBlocks(keep=self.queues[0].maxsize + 4)
-        return torch.from_numpy(blocks[f.name].get(shape, f.dtype))
+        return torch.from_numpy(self.blocks.get(shape, f.dtype))
 
     def _staging(self, f: _Field, n: int) -> np.ndarray:
-        """Where an augmented column is gathered or decoded before it is cropped into the batch.
-        Each loader thread keeps its own and reuses it: the batch never holds it, and a thread
-        loads one batch at a time (fresh memory would cost a page fault per 4 KB on every batch)."""
-        arrays = self._scratch.__dict__.setdefault("arrays", {})
-        have = arrays.get(f.name)
-        if have is None or len(have) < n:
-            have = arrays[f.name] = np.empty((n, *f.stored_shape), f.dtype)
-        return have[:n]
+        """Where an augmented column is gathered or decoded before it is cropped into the batch: a
+        pool block too, free again once the load is done (the batch never holds it)."""
+        return self.blocks.get((n, *f.stored_shape), f.dtype)
 
     def _load(self, batches: list[np.ndarray]) -> list[dict[str, torch.Tensor | list]]:
         """Consecutive batches made as one block of rows, then cut into one dict per batch (views)."""
@@ -186,8 +221,9 @@ class TypedLoader(BatchPrefetcher):
         staging = {f.name: self._staging(f, n) for f in self.fields if f.augment}
         into = {f.name: staging.get(f.name, outs.get(f.name)) for f in self.fields if f.column.kind == "ndarray"}
         plan = plan_batches(self.split.starts, batches)
-        gathered = self.split.gather_planned(plan, n, [f.name for f in self.fields], out=into)
-        if self.pool is not None:
+        gathered = self.split.gather_planned(plan, n, [f.name for f in self.fields], out=into,
+                                             views=[f.name for f in self.fields if f.decoder is not None])
+        if self.parts:
             self._transform(idx, gathered, staging, outs)
         rows: dict[str, torch.Tensor | list] = {}
         for f in self.fields:
@@ -204,11 +240,17 @@ class TypedLoader(BatchPrefetcher):
                    outs: dict[str, np.ndarray]) -> None:
         draws = {f.name: f.augment.draws(self.seed, self.epoch, idx, f.stored_shape)
                  for f in self.fields if f.augment}
-        cuts = np.linspace(0, len(idx), min(len(idx), self.decode_threads) + 1).astype(int).tolist()
-        futures = [self.pool.submit(self._transform_rows, range(a, b), idx, gathered, staging, outs, draws)
-                   for a, b in zip(cuts, cuts[1:])]
-        concurrent.futures.wait(futures)
-        for fut in futures:  # every part has finished: the first error in batch order is raised
+        cuts = np.linspace(0, len(idx), min(len(idx), self.parts) + 1).astype(int).tolist()
+        parts = [range(a, b) for a, b in zip(cuts, cuts[1:])]
+        if not parts:
+            return
+        futures = [self.pool.submit(self._transform_rows, rows, idx, gathered, staging, outs, draws)
+                   for rows in parts[1:]]
+        try:
+            self._transform_rows(parts[0], idx, gathered, staging, outs, draws)
+        finally:  # every part has finished before the first error in batch order is raised
+            concurrent.futures.wait(futures)
+        for fut in futures:
             fut.result()
 
     def _transform_rows(self, rows: range, idx: np.ndarray, gathered: dict, staging: dict[str, np.ndarray],
@@ -233,5 +275,7 @@ class TypedLoader(BatchPrefetcher):
 
     def close(self) -> None:
         super().close()
+        self.blocks.release(self._reserved)
+        self._reserved = 0
         if self.own_pool:
             self.pool.shutdown(wait=False, cancel_futures=True)

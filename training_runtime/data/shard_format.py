@@ -11,9 +11,14 @@ multiple of ``ALIGN`` bytes (so memory-mapped views are aligned for any dtype):
 
 The shard's manifest entry records each block's offset, so a reader needs no header. The
 manifest (``"format": FORMAT_V2``) names the columns with their kind, dtype, shape and role
-(``input``, ``target``, ``id``); v1 manifests (one float32 feature block, then int64 labels) are
-still read by ``training_runtime.data.v1``. Only numpy here: the writer (assets) and the reader
-(the training runtime, in the pods) share it.
+(``input``, ``target``, ``id``).
+
+Shard format v1 (classification tables: all float32 features of the shard's samples, then their
+int64 labels, nothing else in the file) is two ndarray blocks without padding, so a v1 manifest
+is read as the v2 manifest ``as_v2`` makes of it: columns ``features`` (input) and ``label``
+(target) at offsets worked out from ``feature_shape``, over the same files. One reader, one
+loader for both. Only numpy here: the writer (assets) and the reader (the training runtime, in
+the pods) share it.
 """
 
 from __future__ import annotations
@@ -78,6 +83,54 @@ class Column:
     def from_dict(cls, d: Mapping) -> "Column":
         return cls(name=d["name"], kind=d["kind"], role=d.get("role", "input"), dtype=d.get("dtype", ""),
                    shape=tuple(d.get("shape", ())))
+
+
+def as_v2(manifest: Mapping) -> dict:
+    """The manifest as shard format v2 describes it: a v2 manifest as it is; a v1 manifest with
+    its two blocks named as columns (``features`` float32 of ``feature_shape``, role input;
+    ``label`` int64, role target) and each shard's block offsets, every other key kept. The files
+    are the same, so the sha256 and sizes of the manifest still check them."""
+    fmt = manifest.get("format")
+    if fmt == FORMAT_V2:
+        return dict(manifest)
+    if fmt != FORMAT_V1:
+        raise ShardFormatError(f"manifest format {fmt!r} is neither {FORMAT_V1!r} nor {FORMAT_V2!r}")
+    try:
+        shape = tuple(int(d) for d in manifest["feature_shape"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ShardFormatError(f"v1 manifest: feature_shape {manifest.get('feature_shape')!r} is not a list of "
+                               "ints") from e
+    for key, want in (("feature_dtype", "float32"), ("label_dtype", "int64")):
+        if manifest.get(key, want) != want:
+            raise ShardFormatError(f"v1 manifest: {key} is {manifest[key]!r}; shard format v1 holds {want} only")
+    columns = [Column("features", "ndarray", role="input", dtype="float32", shape=shape),
+               Column("label", "ndarray", role="target", dtype="int64")]
+    typed = {**manifest, "format": FORMAT_V2, "kind": "table", "task": "classification",
+             "columns": [c.to_dict() for c in columns], "stored_as": FORMAT_V1}
+    if "splits" in manifest:  # a model card's manifest has none: only the columns matter there
+        typed["splits"] = _v1_splits(manifest["splits"], shape, columns[0].sample_bytes)
+    return typed
+
+
+def _v1_splits(v1_splits: Mapping, shape: tuple[int, ...], feature_bytes: int) -> dict:
+    """A v1 manifest's splits, each shard entry with the offsets of its features and labels."""
+    splits = {}
+    try:
+        for name, split in v1_splits.items():
+            entries = []
+            for entry in split["shards"]:
+                n = int(entry["num_samples"])
+                if entry["num_bytes"] != n * (feature_bytes + 8):
+                    raise ShardFormatError(
+                        f"v1 shard {entry['path']!r}: the manifest says {entry['num_bytes']} bytes, but {n} samples "
+                        f"of {list(shape)} float32 features and an int64 label take {n * (feature_bytes + 8)}; the "
+                        "manifest does not describe this shard")
+                entries.append({**entry, "columns": {"features": {"offset": 0, "num_bytes": n * feature_bytes},
+                                                     "label": {"offset": n * feature_bytes, "num_bytes": n * 8}}})
+            splits[name] = {**split, "shards": entries}
+    except KeyError as e:
+        raise ShardFormatError(f"v1 manifest: a split or shard entry has no {e.args[0]!r}") from e
+    return splits
 
 
 def columns_from_manifest(manifest: Mapping) -> list[Column]:

@@ -1,39 +1,37 @@
-"""Shard format v2 (typed columns, ``training_runtime.data.shard_format``) read in the runtime.
+"""Typed columns (``training_runtime.data.shard_format``) read in the runtime, for every shard format.
 
 ``TypedSplit`` memory-maps a split's shards and gathers a batch of samples per column: fixed-shape
-columns the way ``SplitData`` gathers v1 features (``data.plan_rows`` / ``data.take_rows``: one
-``np.take`` per shard straight from the memory map), variable-length columns as lists of bytes.
-``open_split`` opens a split of either format. The loader is ``training_runtime.data.loader``.
+columns with ``data.gather.ColumnRows`` (one copy per shard straight from the memory map into the
+batch), variable-length columns as lists of bytes (or zero-copy views, for a loader that decodes them). ``open_split`` opens a split of either format:
+a v1 manifest is read through ``shard_format.as_v2``, as the columns ``features`` and ``label`` of
+the same files. The loader is ``training_runtime.data.loader``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from training_runtime.data.gather import RowPlan, plan_rows, take_rows
+from training_runtime.data.gather import ColumnRows, RowPlan, plan_rows
 from training_runtime.data.shard_format import (
-    FORMAT_V1,
-    FORMAT_V2,
     Column,
     ShardColumns,
     ShardFormatError,
+    as_v2,
     columns_from_manifest,
 )
 from training_runtime.data.shards import DataError
-from training_runtime.data.v1 import SplitData
 
 
-def open_split(manifest: dict, paths: list[Path], split: str) -> SplitData | TypedSplit:
-    """A split of a v1 manifest as ``SplitData``, of a v2 manifest as ``TypedSplit``."""
-    fmt = manifest.get("format")
-    if fmt == FORMAT_V1:
-        return SplitData(manifest, paths, split)
-    if fmt == FORMAT_V2:
-        return TypedSplit(manifest, paths, split)
-    raise DataError(f"manifest format {fmt!r} is neither {FORMAT_V1!r} nor {FORMAT_V2!r}")
+def open_split(manifest: dict, paths: list[Path], split: str) -> TypedSplit:
+    """A split of a v1 or v2 manifest as a ``TypedSplit`` (v1: columns ``features`` and ``label``)."""
+    try:
+        typed = as_v2(manifest)
+    except ShardFormatError as e:
+        raise DataError(str(e)) from e
+    return TypedSplit(typed, paths, split)
 
 
 def _open_shard(path: Path, entry: dict, columns: list[Column], split: str) -> ShardColumns:
@@ -45,7 +43,8 @@ def _open_shard(path: Path, entry: dict, columns: list[Column], split: str) -> S
 
 
 class TypedSplit:
-    """One v2 split memory-mapped: per column, one zero-copy view per shard."""
+    """One split of a v2 manifest (``open_split`` reads v1 ones as v2) memory-mapped: per column,
+    one zero-copy view per shard."""
 
     def __init__(self, manifest: dict, paths: list[Path], split: str):
         try:
@@ -63,7 +62,7 @@ class TypedSplit:
         fixed = [c.name for c in cols if c.kind == "ndarray"]
         variable = [c.name for c in cols if c.kind != "ndarray"]
         # Plain ndarray views: np.memmap's subclass hooks cost on every gather call.
-        self._arrays = {n: [np.asarray(s.arrays[n]) for s in shards] for n in fixed}
+        self._rows = {n: ColumnRows([np.asarray(s.arrays[n]) for s in shards]) for n in fixed}
         self._offsets = {n: [np.asarray(s.offsets[n]) for s in shards] for n in variable}
         self._payloads = {n: [memoryview(np.asarray(s.payloads[n])) for s in shards] for n in variable}
         self._shards = shards  # keeps the maps open
@@ -84,7 +83,7 @@ class TypedSplit:
         for col in self.columns.values():
             if col.role != "target" or col.kind != "ndarray" or col.shape or np.dtype(col.dtype).kind not in "iu":
                 continue
-            for name, arr in zip(self.shard_names, self._arrays[col.name]):
+            for name, arr in zip(self.shard_names, self._rows[col.name].arrays):
                 bad = (arr < 0) | (arr >= nc)
                 if bad.any():
                     raise DataError(f"split {split!r} shard {name!r} column {col.name!r} holds "
@@ -99,13 +98,16 @@ class TypedSplit:
                out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray | list[bytes]]:
         """The given samples, in that order: ndarray columns as one contiguous array each (into
         ``out[name]`` when given), bytes and str columns as lists of bytes. Sorted indices take
-        the fast path: one ``np.take`` per shard straight from the memory map."""
+        the fast path: one copy per shard straight from the memory map."""
         idx = np.asarray(idx, dtype=np.int64)
         return self.gather_planned(plan_rows(self.starts, idx), len(idx), columns, out)
 
     def gather_planned(self, plan: RowPlan, n: int, columns: Sequence[str] | None = None,
-                       out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray | list[bytes]]:
-        """``gather`` of ``n`` rows already planned (``data.plan_rows`` / ``data.plan_batches``)."""
+                       out: Mapping[str, np.ndarray] | None = None, views: Collection[str] = ()
+                       ) -> dict[str, np.ndarray | list[bytes] | list[memoryview]]:
+        """``gather`` of ``n`` rows already planned (``data.plan_rows`` / ``data.plan_batches``).
+        Variable-length columns named in ``views`` come as memoryviews into the memory map instead
+        of bytes: no copy, for a caller that only reads them while the split is open (a decoder)."""
         names = list(self.columns) if columns is None else list(columns)
         unknown = [c for c in names if c not in self.columns]
         if unknown:
@@ -115,10 +117,10 @@ class TypedSplit:
             col = self.columns[name]
             if col.kind == "ndarray":
                 dest = self._output(col, n, (out or {}).get(name))
-                take_rows(self._arrays[name], plan, dest)
+                self._rows[name].take(plan, dest)
                 result[name] = dest
             else:
-                result[name] = self._gather_bytes(name, plan)
+                result[name] = self._gather_bytes(name, plan, name in views)
         return result
 
     @staticmethod
@@ -131,15 +133,18 @@ class TypedSplit:
                              f"contiguous {dtype}{list(want)}")
         return given
 
-    def _gather_bytes(self, name: str, plan: RowPlan) -> list[bytes]:
-        values: list[bytes] = []
+    def _gather_bytes(self, name: str, plan: RowPlan, as_views: bool) -> list[bytes] | list[memoryview]:
+        values: list = []
         for s, a, e in plan.segments:
             payload, offsets, rows = self._payloads[name][s], self._offsets[name][s], plan.local[a:e]
             begins, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
-            values.extend(bytes(payload[b:f]) for b, f in zip(begins, ends))
+            if as_views:
+                values.extend(payload[b:f] for b, f in zip(begins, ends))
+            else:
+                values.extend(bytes(payload[b:f]) for b, f in zip(begins, ends))
         if plan.order is None:
             return values
-        ordered: list[bytes] = [b""] * len(values)
+        ordered: list = [b""] * len(values)
         for k, pos in enumerate(plan.order.tolist()):
             ordered[pos] = values[k]
         return ordered
