@@ -1,13 +1,9 @@
 """Entry point: ``torchrun --nproc-per-node=N -m training_runtime --config /abs/config.json``.
 
-Test hook: ``TRAINING_RUNTIME_FAULT_KILL_AT_STEP=RANK:STEP`` makes rank RANK SIGKILL itself after
-optimizer step STEP on the first attempt (to exercise ``torchrun --max-restarts``);
-``RANK:STEP:checkpoint`` kills it inside the write of checkpoint STEP instead, after the state file
-is on disk and before the checkpoint is published (rank 0 writes checkpoints).
-``TRAINING_RUNTIME_FAULT_SLOW_RANK=RANK:SECONDS`` makes a rank sleep before each forward (a
-straggler), ``TRAINING_RUNTIME_FAULT_SLOW_LOADER=SECONDS`` every batch load (a data stall) and
-``TRAINING_RUNTIME_FAULT_STOP_AT_STEP=RANK:STEP`` a rank SIGSTOP itself on the first attempt (a hang).
-They are read only here and handed to the trainer.
+Every failure of a rank is recorded beside the checkpoints with whether a new attempt can fix it
+(train/failures.py); one that would repeat stops torchrun's agent, so it is neither restarted nor,
+by the orchestrator, retried. A restarted attempt after such a failure refuses to start. Fault
+hooks for tests: train/faults.py.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -29,49 +26,25 @@ from training_runtime.observe.pod_lineage import gather_pod_record
 from training_runtime.observe.telemetry import LogReporter
 from training_runtime.observe.tensorboard import tensorboard_reporting
 from training_runtime.train.context import TrainingContext
+from training_runtime.train.failures import FailureRecorder
+from training_runtime.train.faults import fault_from_env
 from training_runtime.train.numerics import configure_numerics
-from training_runtime.train.trainer import FaultInjection, Trainer
+from training_runtime.train.trainer import Trainer
 from training_runtime.train.user_loop import run_train_fn
 
-FAULT_ENV = "TRAINING_RUNTIME_FAULT_KILL_AT_STEP"
-SLOW_RANK_ENV = "TRAINING_RUNTIME_FAULT_SLOW_RANK"  # RANK:SECONDS slept before each forward (a straggler)
-SLOW_LOADER_ENV = "TRAINING_RUNTIME_FAULT_SLOW_LOADER"  # SECONDS slept in each batch load (a data stall)
-STOP_ENV = "TRAINING_RUNTIME_FAULT_STOP_AT_STEP"  # RANK:STEP: the rank SIGSTOPs itself on attempt 0 (a hang)
 
-
-def _fault_from_env() -> FaultInjection | None:
-    kill, slow_rank, slow_loader, stop = (os.environ.get(k) for k in (FAULT_ENV, SLOW_RANK_ENV, SLOW_LOADER_ENV,
-                                                                       STOP_ENV))
-    if not (kill or slow_rank or slow_loader or stop):
-        return None
-    fields: dict = {}
-    if kill:
-        rank, _, rest = kill.partition(":")
-        step, _, where = rest.partition(":")
-        if not (rank.isdigit() and step.isdigit()) or where not in ("", "checkpoint"):
-            raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP' or 'RANK:STEP:checkpoint', got {kill!r}")
-        fields.update(rank=int(rank), step=int(step), in_checkpoint_write=where == "checkpoint")
-    try:
-        if slow_rank:
-            rank, _, seconds = slow_rank.partition(":")
-            fields.update(slow_rank=int(rank), slow_rank_s=float(seconds))
-        if slow_loader:
-            fields.update(slow_loader_s=float(slow_loader))
-        if stop:
-            rank, _, step = stop.partition(":")
-            fields.update(stop_rank=int(rank), stop_step=int(step))
-    except ValueError as e:
-        raise ConfigError(f"{SLOW_RANK_ENV} must be 'RANK:SECONDS', {SLOW_LOADER_ENV} 'SECONDS' and {STOP_ENV} "
-                          f"'RANK:STEP': {e}") from e
-    return FaultInjection(**fields)
-
-
-def _load_config(path: str) -> RunConfig:
+def _read_config(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             raw = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"cannot read --config {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config {path} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _load_config(raw: dict[str, Any]) -> RunConfig:
     cfg = RunConfig.from_dict(raw)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg.validate_world_size(world)
@@ -93,36 +66,47 @@ def main(argv: list[str] | None = None) -> int:
         reporting = contextlib.nullcontext(LogReporter())
     with reporting as reporter:
         # First: in a pod, an image built from other code than the run's fails here, before it
-        # parses a config that code may not understand.
+        # reads a config that code may not understand.
         build = verify_image()
-        cfg = _load_config(args.config)  # validated before any process group or data access
-        fault = _fault_from_env()
-        configure_numerics(cfg.train)  # before the first CUDA kernel
-        t = cfg.train
-        info = init_distributed(t.device, t.collective_timeout_s, t.io_timeout_s)
+        raw = _read_config(args.config)
+        failures = FailureRecorder.for_config(raw, os.environ, rank)
         try:
-            restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-            context = TrainingContext(cfg, info, reporter, restarts, fault)
-            context.pod_record = gather_pod_record(info, build)
-            # Rank 0 also writes TensorBoard event files beside the checkpoints (telemetry.tensorboard).
-            with tensorboard_reporting(
-                    context.reporter, enabled=context.is_main and context.config.telemetry.tensorboard,
-                    checkpoint_dir=context.config.checkpoint.dir,
-                    resumed_from_step=lambda: context.resumed_from_step) as context.reporter:
-                if cfg.train_fn is not None:
-                    run_train_fn(context)
-                else:
-                    Trainer(cfg, info, context.reporter, fault, restart_count=restarts, context=context).run()
-        finally:
-            close_distributed()
-        if cfg.evaluation.enabled and info.is_main:
-            # After the process group is closed: the other ranks have finished, and no collective
-            # timeout bounds one rank's pass over the whole test split.
-            from training_runtime.serve.evaluate_after_training import EVALUATION_FILE, evaluate_after_training
+            failures.refuse_restart()
+            return _run(raw, failures, reporter, build)
+        except Exception as exc:
+            failures.record(exc)
+            raise
 
-            evaluation = evaluate_after_training(cfg, info.device)
-            reporter.info(f"evaluated the written model on {evaluation['device']}: wrote {EVALUATION_FILE} "
-                          f"(test and validation splits, {evaluation['test']['num_samples']} test samples)")
+
+def _run(raw: dict[str, Any], failures: FailureRecorder, reporter: Any, build: Any) -> int:
+    cfg = _load_config(raw)  # validated before any process group or data access
+    fault = fault_from_env()
+    configure_numerics(cfg.train)  # before the first CUDA kernel
+    t = cfg.train
+    info = init_distributed(t.device, t.collective_timeout_s, t.io_timeout_s)
+    try:
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        context = TrainingContext(cfg, info, reporter, restarts, fault, attempt_log=failures.log)
+        context.pod_record = gather_pod_record(info, build)
+        # Rank 0 also writes TensorBoard event files beside the checkpoints (telemetry.tensorboard).
+        with tensorboard_reporting(
+                context.reporter, enabled=context.is_main and context.config.telemetry.tensorboard,
+                checkpoint_dir=context.config.checkpoint.dir,
+                resumed_from_step=lambda: context.resumed_from_step) as context.reporter:
+            if cfg.train_fn is not None:
+                run_train_fn(context)
+            else:
+                Trainer(cfg, info, context=context).run()
+    finally:
+        close_distributed()
+    if cfg.evaluation.enabled and info.is_main:
+        # After the process group is closed: the other ranks have finished, and no collective
+        # timeout bounds one rank's pass over the whole test split.
+        from training_runtime.serve.evaluate_after_training import EVALUATION_FILE, evaluate_after_training
+
+        evaluation = evaluate_after_training(cfg, info.device)
+        reporter.info(f"evaluated the written model on {evaluation['device']}: wrote {EVALUATION_FILE} "
+                      f"(test and validation splits, {evaluation['test']['num_samples']} test samples)")
     return 0
 
 

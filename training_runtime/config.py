@@ -85,6 +85,17 @@ class TrainConfig:
     sharding: str = _doc(
         "'ddp' (replicated), 'fsdp' (FSDP2 fully_shard over all ranks) or 'hsdp' (sharded within a "
         "node, replicated across nodes: parameter all-gathers stay on the node's NVLink).", default="ddp")
+    fsdp_units: str | None = _doc(
+        "Module class names, comma-separated (e.g. 'GPT2Block'), whose instances FSDP shards as units of "
+        "their own: each is all-gathered only around its own forward and backward. None: the platform's "
+        "blocks for its own models, else modules of about fsdp_unit_params parameters "
+        "(training_runtime/distributed/units.py).", default=None)
+    fsdp_unit_params: int | None = _doc(
+        "Size-based FSDP units (when fsdp_units is None and the model is not the platform's): at most this "
+        "many parameters each (None: a sixteenth of the model's, at least 2**20).", default=None)
+    activation_checkpointing: bool = _doc(
+        "Recompute each FSDP unit's forward in the backward pass instead of keeping its activations "
+        "(less memory, about one more forward of compute; under DDP too, for the same units).", default=False)
     precision: str = _doc(
         "'fp32' or 'bf16'. DDP: bf16 autocast. FSDP/HSDP: bf16 parameters in compute and fp32 gradient "
         "reductions (MixedPrecisionPolicy), fp32 master weights in the optimizer.", default="fp32")
@@ -186,16 +197,28 @@ class TelemetryConfig:
     )
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class GuardsConfig:
+    """What watches a training, the built-in trainer's and a train_fn's alike (train/guarding.py).
+    The pipeline's ``guards`` setting is this class (core/spec.py), so one set of fields,
+    defaults, descriptions and rules (``guard_problems``) serves the runtime, Python pipelines,
+    YAML blocks and run config."""
+
     enabled: bool = _doc("Run the guards at all (off: no per-step non-finite check, no watchdog, no warnings; "
                          "for measuring what they cost).", default=True)
+    hang_timeout_s: float | None = _doc(
+        "Fail the attempt, printing every thread's stack, when no training step finishes for this long "
+        "(validation, checkpoint and model writes excepted; null: no watchdog). A hang is retried: the attempt "
+        "is restarted and resumes from the last checkpoint. Must stay below the collective timeout "
+        "(recipe.collective_timeout_s), so the stacks are printed before the process group aborts.",
+        default=300.0)
     nonfinite_skip_batches: int = _doc(
-        "Non-finite loss or gradient: 0 stops the run at once (the last good checkpoint is kept); N > 0 skips "
-        "up to N such batches (their optimizer step is not taken) before stopping. Skipping needs a "
-        "host-device synchronisation every step.", default=0)
+        "Non-finite loss or gradient: 0 stops the run at once, without a retry (a new attempt would repeat it), "
+        "keeping the last good checkpoint; N > 0 skips up to N such batches (their optimizer step is not taken) "
+        "before stopping. Skipping needs a host-device synchronisation every step, and only the built-in "
+        "trainer can skip (a train function's reported non-finite loss always stops the run).", default=0)
     loss_spike_factor: float | None = _doc(
-        "Warn when an interval's loss exceeds this multiple of the median of the recent intervals' (None: off).",
+        "Warn when an interval's loss exceeds this multiple of the median of the recent intervals' (null: off).",
         default=3.0)
     loss_spike_window: int = _doc("Intervals in the loss spike's median.", default=10)
     straggler_factor: float = _doc(
@@ -204,14 +227,58 @@ class GuardsConfig:
     straggler_min_excess_s: float = _doc(
         "...and exceeds the median by at least this many seconds per step (noise on tiny steps).", default=0.005)
     data_stall_share: float | None = _doc(
-        "Warn when a rank waits for batches more than this share of its step time (None: off).", default=0.3)
+        "Warn when a rank waits for batches more than this share of its step time (null: off).", default=0.3)
     gpu_max_temperature_c: float = _doc("Warn when a GPU reaches this temperature (NVML).", default=85.0)
-    hang_timeout_s: float | None = _doc(
-        "Fail the attempt, dumping every thread's stack, when no training step finishes for this long "
-        "(validation and checkpoint writes excepted; None: no watchdog). Keep it below "
-        "train.collective_timeout_s so the stacks are printed before the process group aborts.", default=300.0)
     repeat_after_intervals: int = _doc(
         "A warning about the same detector and rank is repeated at most once per this many intervals.", default=10)
+
+
+def guard_problems(guards: Any, *, collective_timeout_s: Any, collective_field: str = "train.collective_timeout_s",
+                   train_fn: str | None = None) -> list[tuple[str, str]]:
+    """(field, problem) for each guard setting that cannot work; empty when all can. Shared by
+    ``RunConfig.validate`` and the pipeline's check when definitions load (core/spec.py), which
+    names the collective timeout ``collective_field`` in its own terms."""
+    problems: list[tuple[str, str]] = []
+    for f in dataclasses.fields(GuardsConfig):
+        value, kind = getattr(guards, f.name), str(f.type)
+        if value is None and kind.endswith("| None"):
+            continue
+        base = kind.removesuffix(" | None")
+        ok = (isinstance(value, bool) if base == "bool" else
+              isinstance(value, int) and not isinstance(value, bool) if base == "int" else
+              isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not ok:
+            problems.append((f.name, f"must be {base}{' or null' if kind.endswith('| None') else ''}, got {value!r}"))
+    if problems:
+        return problems
+    g = guards
+    if g.nonfinite_skip_batches < 0:
+        problems.append(("nonfinite_skip_batches", f"must be >= 0, got {g.nonfinite_skip_batches}"))
+    elif g.nonfinite_skip_batches and train_fn is not None:
+        problems.append(("nonfinite_skip_batches", f"skips batches inside the built-in trainer, but this run trains "
+                         f"with train_fn {train_fn!r}, whose loop takes its own steps: set 0 (a reported "
+                         "non-finite loss then stops the run), and skip bad batches in the function itself"))
+    for name in ("loss_spike_window", "straggler_window", "repeat_after_intervals"):
+        if getattr(g, name) < 1:
+            problems.append((name, f"must be >= 1, got {getattr(g, name)}"))
+    for name in ("loss_spike_factor", "straggler_factor"):
+        value = getattr(g, name)
+        if value is not None and not (value > 1.0 and math.isfinite(value)):
+            problems.append((name, f"must be a finite number above 1, got {value}"))
+    if g.data_stall_share is not None and not 0 < g.data_stall_share < 1:
+        problems.append(("data_stall_share", f"must be between 0 and 1 (exclusive) or null, got {g.data_stall_share}"))
+    if g.straggler_min_excess_s < 0:
+        problems.append(("straggler_min_excess_s", f"must be >= 0, got {g.straggler_min_excess_s}"))
+    if not math.isfinite(g.gpu_max_temperature_c) or g.gpu_max_temperature_c <= 0:
+        problems.append(("gpu_max_temperature_c", f"must be a positive number of degrees, got {g.gpu_max_temperature_c}"))
+    hang = g.hang_timeout_s
+    if hang is not None and not (hang > 0 and math.isfinite(hang)):
+        problems.append(("hang_timeout_s", f"must be a positive number of seconds or null, got {hang}"))
+    elif hang is not None and isinstance(collective_timeout_s, (int, float)) and hang >= collective_timeout_s:
+        problems.append(("hang_timeout_s", f"({hang:g}) must be below {collective_field} ({collective_timeout_s:g}): "
+                         "the watchdog prints every rank's stack before the process group aborts the collective; "
+                         f"lower it, raise {collective_field}, or set it to null (no watchdog)"))
+    return problems
 
 
 @dataclass(kw_only=True)
@@ -233,6 +300,11 @@ class RunConfig:
                                 "data stalls, hot GPUs, hangs).", default_factory=GuardsConfig)
     evaluation: EvaluationConfig = _doc("Evaluation of the written model by the training job itself.",
                                         default_factory=EvaluationConfig)
+    launch: int = _doc(
+        "Which launch of this training the config is for: 1 for the first, one more for each Dagster retry or "
+        "re-execution (the orchestrator counts the launches recorded in <checkpoint.dir>/../attempts). Under "
+        "torchrun every attempt leaves a record there (observe/attempts.py), named by launch and restart.",
+        default=1)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
@@ -272,6 +344,9 @@ class RunConfig:
         _check_choice("train.sharding", t.sharding, SHARDINGS)
         _check_choice("train.precision", t.precision, PRECISIONS)
         _check_choice("train.device", t.device, DEVICES)
+        if t.fsdp_unit_params is not None and t.fsdp_unit_params < 1:
+            raise ConfigError(f"train.fsdp_unit_params must be a positive number of parameters or null, got "
+                              f"{t.fsdp_unit_params}")
         if t.grad_clip_norm is not None and not (t.grad_clip_norm > 0 and math.isfinite(t.grad_clip_norm)):
             raise ConfigError(f"train.grad_clip_norm must be a positive finite number or null, got {t.grad_clip_norm}")
         for name in ("collective_timeout_s", "io_timeout_s"):
@@ -301,6 +376,8 @@ class RunConfig:
             raise ConfigError(f"output_dir must be an absolute path, got {self.output_dir!r}")
         if self.data.cache_dir is not None and not os.path.isabs(self.data.cache_dir):
             raise ConfigError(f"data.cache_dir must be an absolute path, got {self.data.cache_dir!r}")
+        if self.launch < 1:
+            raise ConfigError(f"launch must be >= 1, got {self.launch}")
         if self.telemetry.every_steps < 1:
             raise ConfigError(f"telemetry.every_steps must be >= 1, got {self.telemetry.every_steps}")
         self._validate_guards()
@@ -312,28 +389,11 @@ class RunConfig:
                               "set padding 0 and hflip false")
 
     def _validate_guards(self) -> None:
-        g = self.guards
-        for name in ("nonfinite_skip_batches",):
-            if getattr(g, name) < 0:
-                raise ConfigError(f"guards.{name} must be >= 0, got {getattr(g, name)}")
-        for name in ("loss_spike_window", "straggler_window", "repeat_after_intervals"):
-            if getattr(g, name) < 1:
-                raise ConfigError(f"guards.{name} must be >= 1, got {getattr(g, name)}")
-        for name, low in (("loss_spike_factor", 1.0), ("straggler_factor", 1.0)):
-            value = getattr(g, name)
-            if value is not None and not (value > low and math.isfinite(value)):
-                raise ConfigError(f"guards.{name} must be a finite number above {low:g}, got {value}")
-        if g.data_stall_share is not None and not 0 < g.data_stall_share < 1:
-            raise ConfigError(f"guards.data_stall_share must be between 0 and 1 (exclusive) or null, got "
-                              f"{g.data_stall_share}")
-        if g.hang_timeout_s is not None and not (g.hang_timeout_s > 0 and math.isfinite(g.hang_timeout_s)):
-            raise ConfigError(f"guards.hang_timeout_s must be a positive number of seconds or null, got {g.hang_timeout_s}")
-        if g.hang_timeout_s is not None and g.hang_timeout_s >= self.train.collective_timeout_s:
-            raise ConfigError(f"guards.hang_timeout_s ({g.hang_timeout_s:g}) must be below train.collective_timeout_s "
-                              f"({self.train.collective_timeout_s:g}): the watchdog prints every rank's stack before "
-                              "the process group aborts the collective")
-        if g.straggler_min_excess_s < 0:
-            raise ConfigError(f"guards.straggler_min_excess_s must be >= 0, got {g.straggler_min_excess_s}")
+        problems = guard_problems(self.guards, collective_timeout_s=self.train.collective_timeout_s,
+                                  train_fn=self.train_fn)
+        if problems:
+            name, problem = problems[0]
+            raise ConfigError(f"guards.{name} {problem}")
 
     def _validate_validation(self) -> None:
         v = self.validation

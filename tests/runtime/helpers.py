@@ -70,12 +70,26 @@ def make_config(root: Path, manifest: dict, locations: dict, *, name: str = "run
 
 
 def torchrun(config: dict, path: Path, *, nproc: int = 2, max_restarts: int = 0,
-             env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+             env: dict[str, str] | None = None, timeout: float = 180,
+             python_path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
+    """``python_path``: folders beside the repository that the workers import from (a team's
+    code kept outside it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config))
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
-    full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **(env or {}))
+    full_env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(map(str, (REPO, *python_path))), **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--monitor-interval=0.2", "-m", "training_runtime",
            "--config", str(path)]
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def registered_sha256(output_dir: str | Path) -> str:
+    """The sha256 a model version registers for a run's weights: the card's, checked against the
+    bytes of model.safetensors. Equal weights must give equal values (tests/runtime/
+    test_byte_stable_artifacts.py), so resumed runs are compared by it, not only tensor by tensor."""
+    out = Path(output_dir)
+    card = json.loads((out / "model_card.json").read_text())
+    written = hashlib.sha256((out / card["weights"]["file"]).read_bytes()).hexdigest()
+    assert written == card["weights"]["sha256"], f"{out}: the card's sha256 is not that of the weights file"
+    return written

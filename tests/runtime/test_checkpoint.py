@@ -52,22 +52,26 @@ def test_keep_last_prunes_oldest(tmp_path):
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [4, 3]
 
 
-def test_sync_save_returns_published_and_prunes_only_once_it_is_on_disk(tmp_path, monkeypatch):
+def test_sync_save_returns_once_written_and_prunes_only_once_it_is_on_disk(tmp_path, monkeypatch):
     writer = ckpt.CheckpointWriter(str(tmp_path), keep_last=1, async_save=False)
     writer.save(1, _state(1))
     writer.wait()
     fsynced = threading.Event()
+    durable_called = threading.Event()
     real = ckpt.make_durable
 
     def slow_disk(path):
+        durable_called.set()
         fsynced.wait(10)
         real(path)
 
     monkeypatch.setattr(ckpt, "make_durable", slow_disk)
-    writer.save(2, _state(2))
-    # Published (whole and verifiable) when save returns; the older one is kept until the fsync.
-    assert ckpt.find_latest_valid(tmp_path)[1]["step"] == 2
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 1]
+    state = _state(2)
+    writer.save(2, state)
+    state["model"]["w"].add_(100)  # training goes on at once: the checkpoint holds the values at save time
+    assert durable_called.wait(10)  # published by the writer's thread, which now waits for the disk
+    assert ckpt.find_latest_valid(tmp_path)[1]["model"]["w"].tolist() == [2.0] * 4
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 1]  # the older one is kept until the fsync
     fsynced.set()
     writer.wait()
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2]

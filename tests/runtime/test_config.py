@@ -3,7 +3,7 @@ import copy
 import pytest
 
 from training_runtime.config import ConfigError, RunConfig
-from training_runtime.train.trainer import FaultInjection
+from training_runtime.train.faults import FaultInjection
 from tests.runtime.helpers import make_config, make_dataset
 
 
@@ -138,10 +138,10 @@ def test_model_is_checked_against_the_feature_shape(base):
     ("0:12:checkpoint", FaultInjection(rank=0, step=12, in_checkpoint_write=True)),
 ])
 def test_fault_hook_specs(monkeypatch, spec, expected):
-    from training_runtime.__main__ import FAULT_ENV, _fault_from_env
+    from training_runtime.train.faults import FAULT_ENV, fault_from_env
 
     monkeypatch.setenv(FAULT_ENV, spec)
-    assert _fault_from_env() == expected
+    assert fault_from_env() == expected
     assert expected.kill_mid_step(expected.rank, expected.step, 0) is not expected.in_checkpoint_write
     assert expected.kill_in_checkpoint_write(expected.rank, expected.step, 0) is expected.in_checkpoint_write
     assert not expected.kill_mid_step(expected.rank, expected.step, 1)  # never on a restarted attempt
@@ -150,8 +150,8 @@ def test_fault_hook_specs(monkeypatch, spec, expected):
 
 @pytest.mark.parametrize("spec", ["1", "a:2", "1:2:optimizer", "1:2:checkpoint:x"])
 def test_malformed_fault_hook_specs_say_the_format(monkeypatch, spec):
-    from training_runtime.__main__ import FAULT_ENV, _fault_from_env
+    from training_runtime.train.faults import FAULT_ENV, fault_from_env
 
     monkeypatch.setenv(FAULT_ENV, spec)
     with pytest.raises(ConfigError, match="RANK:STEP"):
-        _fault_from_env()
+        fault_from_env()

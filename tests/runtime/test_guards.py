@@ -137,3 +137,19 @@ def test_the_interval_loss_leaves_out_only_the_skipped_steps():
     assert guards.interval_mean_loss([3.0, 8.0], [3, 4]) == pytest.approx(11.0 / 7)
     assert math.isnan(guards.interval_mean_loss([0.0, 0.0], [0, 0]))  # every batch skipped
     assert math.isnan(guards.interval_mean_loss([float("nan"), 1.0], [2, 2]))  # unguarded NaN stays visible
+
+
+def test_a_report_of_the_hang_that_itself_hangs_does_not_keep_the_watchdog_from_exiting(monkeypatch):
+    """The volume or channel the report goes to may be what hangs: the exit comes all the same."""
+    import threading
+
+    monkeypatch.setattr(guards, "REPORT_WAIT_S", 0.2)
+    monkeypatch.setattr(guards, "kill_stopped_siblings", lambda: [])  # the test's siblings are not torchrun's
+    clock, exits, never = FakeClock(), [], threading.Event()
+    dog = HangWatchdog(1.0, rank=0, exit=exits.append, clock=clock, poll_s=0.01, on_hang=lambda d: never.wait())
+    dog.start()
+    dog.beat(1)
+    clock.now = 5.0
+    dog.thread.join(timeout=5)
+    never.set()
+    assert exits == [1] and dog.fired.detector == "hang"

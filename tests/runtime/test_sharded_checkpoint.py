@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.config import CheckpointConfig, ConfigError, RunConfig
 from training_runtime.train.trainer import Trainer
-from tests.runtime.helpers import make_config, make_dataset, torchrun
+from tests.runtime.helpers import make_config, make_dataset, registered_sha256, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +194,7 @@ def test_a_kill_resumes_from_sharded_checkpoints_to_the_uninterrupted_weights(tw
     # Same ranks, same shards, same reduction order on gloo: bit-identical.
     _assert_equal(load_file(Path(baseline["output_dir"]) / "model.safetensors"),
                   load_file(Path(cfg["output_dir"]) / "model.safetensors"))
+    assert registered_sha256(cfg["output_dir"]) == registered_sha256(baseline["output_dir"])
 
 
 @pytest.mark.slow

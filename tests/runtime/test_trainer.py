@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from training_runtime.__main__ import main
 from training_runtime.config import ConfigError, RunConfig
 from training_runtime.data.shards import DataError
-from training_runtime.train.trainer import Trainer, lr_multiplier
+from training_runtime.train.step import lr_multiplier
+from training_runtime.train.trainer import Trainer
 from tests.runtime.helpers import make_config, make_dataset
 
 

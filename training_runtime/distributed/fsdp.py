@@ -3,13 +3,14 @@ format of torch.distributed.checkpoint's full-state helpers so DDP and FSDP runs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from training_runtime.distributed.process_group import DistInfo
-from training_runtime.models.builtin import shardable_submodules
+from training_runtime.distributed.units import fsdp_units
 
 SHARDED = ("fsdp", "hsdp")
 
@@ -46,8 +47,26 @@ def mixed_precision_policy(precision: str, *, root: bool = True):
                                 output_dtype=torch.float32 if root else None)
 
 
-def wrap_model(model: nn.Module, sharding: str, info: DistInfo, *, precision: str = "fp32") -> nn.Module:
+def wrap_model(model: nn.Module, sharding: str, info: DistInfo, *, precision: str = "fp32",
+               units: Sequence[str] = (), unit_params: int | None = None,
+               activation_checkpointing: bool = False) -> nn.Module:
+    """The model on its device, wrapped for ``sharding``. Under FSDP/HSDP each unit
+    (``distributed.units.fsdp_units``: the classes named in ``units``, the platform's blocks, or
+    modules of about ``unit_params`` parameters) is sharded on its own, then the root.
+    ``activation_checkpointing`` recomputes each unit's forward in the backward pass instead of
+    keeping its activations (under DDP too), through the composable ``checkpoint``, which keeps
+    parameter names and so checkpoints as they are."""
     model.to(info.device)
+    chosen = fsdp_units(model, units, unit_params) if is_sharded(sharding) or activation_checkpointing else []
+    if activation_checkpointing:
+        if not chosen:
+            raise ValueError("train.activation_checkpointing recomputes each FSDP unit's activations, but this "
+                             "model has no units besides the root: name its blocks in train.fsdp_units "
+                             "(recipe.fsdp_units) or lower train.fsdp_unit_params")
+        from torch.distributed._composable import checkpoint
+
+        for sub in chosen:
+            checkpoint(sub)
     if is_sharded(sharding):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -57,7 +76,7 @@ def wrap_model(model: nn.Module, sharding: str, info: DistInfo, *, precision: st
         mesh = init_device_mesh(info.device.type, shape, mesh_dim_names=names)
         inner = mixed_precision_policy(precision, root=False)
         outer = mixed_precision_policy(precision)
-        for sub in shardable_submodules(model):
+        for sub in chosen:  # inner units first, as fully_shard needs
             fully_shard(sub, mesh=mesh, **({"mp_policy": inner} if inner else {}))
         fully_shard(model, mesh=mesh, **({"mp_policy": outer} if outer else {}))
         return model

@@ -424,5 +424,7 @@ def shardable_submodules(model: nn.Module) -> list[nn.Module]:
     should be a block's worth of compute that hides the next block's all-gather. A model without
     such blocks (the MLP, the small CNN) is one unit, the root: a unit per Linear or Conv would
     pay a collective's latency for every layer and save little memory. The root takes what no
-    unit holds (the embeddings and a head tied to them stay together in the root)."""
+    unit holds (the embeddings and a head tied to them stay together in the root). The platform's
+    own models only: a user's model gets the units its pipeline names, or size-based ones
+    (``training_runtime.distributed.units``)."""
     return [m for m in model.modules() if isinstance(m, (nn.TransformerEncoderLayer, TransformerBlock, BasicBlock))]

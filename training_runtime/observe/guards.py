@@ -25,6 +25,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# How long the watchdog waits for its report of a hang (a detection on the volume, a Pipes message).
+REPORT_WAIT_S = 30.0
 # NVML slowdown reasons that mean the GPU is protecting itself (heat, power delivery) or is
 # failing; software power capping under full load is normal operation and is not reported.
 HARMFUL_SLOWDOWNS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
@@ -45,7 +47,12 @@ class Detection:
 
 
 class NonFiniteLoss(RuntimeError):
-    """A non-finite loss or gradient stopped the run; the last good checkpoint is kept."""
+    """A non-finite loss or gradient stopped the run; the last good checkpoint is kept. A new
+    attempt would repeat it (the same data and weights give the same NaN), so it is not retried."""
+
+    def __init__(self, detection: Detection, last_good_checkpoint: str | None):
+        super().__init__(detection.message)
+        self.detection, self.last_good_checkpoint = detection, last_good_checkpoint
 
 
 @dataclass(frozen=True)
@@ -69,14 +76,21 @@ def _at(places: Sequence[RankPlace] | None, rank: int) -> str:
 
 
 # ---------------------------------------------------------------- per-interval checks
+def _kept(last_good: str | None, checkpoint_dir: str) -> str:
+    if last_good is None:
+        return f"no checkpoint was written before it (in {checkpoint_dir})"
+    return f"last good checkpoint {last_good} kept in {checkpoint_dir}"
+
+
 def nonfinite_detection(counts: Sequence[float], first_steps: Sequence[float], loss_counts: Sequence[float],
                         places: Sequence[RankPlace] | None, *, skipped_before: int, skip_limit: int,
-                        checkpoint_dir: str) -> Detection | None:
+                        checkpoint_dir: str, last_good: str | None = None) -> Detection | None:
     """``counts[r]``: steps of rank r in the interval with a non-finite loss or gradient;
     ``first_steps[r]``: the first of them; ``loss_counts[r]``: those where the loss itself was
     non-finite. The rank named is the first to go bad, preferring one whose own loss did (after
     the gradient exchange every rank's gradients are non-finite). Within ``skip_limit`` skipped
-    batches in all, a warning; beyond it (or with no allowance) an error that stops the run."""
+    batches in all, a warning; beyond it (or with no allowance) an error that stops the run,
+    naming ``last_good``, the checkpoint the run is left with."""
     bad = [r for r, c in enumerate(counts) if c > 0]
     if not bad:
         return None
@@ -90,14 +104,25 @@ def nonfinite_detection(counts: Sequence[float], first_steps: Sequence[float], l
         return Detection("nonfinite", "warning", step,
                          f"non-finite {what} at step {step} on rank {rank}{_at(places, rank)}{others}: "
                          f"batch skipped ({total} of at most {skip_limit})", rank, host, gpu)
-    allowance = (f"after skipping {skipped_before} batch(es), the most guards.nonfinite_skip_batches allows"
+    allowance = (f", after skipping {skipped_before} batch(es), the most guards.nonfinite_skip_batches allows"
                  if skip_limit else "")
     return Detection("nonfinite", "error", step,
-                     f"non-finite {what} at step {step} on rank {rank}{_at(places, rank)}{others}"
-                     f"{', ' + allowance if allowance else ''}; training stopped and the last good checkpoint in "
-                     f"{checkpoint_dir} is kept. Lower train.lr, clip gradients (recipe.grad_clip_norm), check the "
-                     "data for bad values, or let guards.nonfinite_skip_batches skip a few such batches",
-                     rank, host, gpu)
+                     f"non-finite {what} at step {step} on rank {rank}{_at(places, rank)}{others}{allowance}; "
+                     f"training stopped; {_kept(last_good, checkpoint_dir)}. "
+                     "Lower recipe.lr, clip gradients (recipe.grad_clip_norm), check the data for bad values, or let "
+                     "guards.nonfinite_skip_batches skip a few such batches", rank, host, gpu)
+
+
+def reported_nonfinite_detection(step: int, key: str, value: Any, rank: int, places: Sequence[RankPlace] | None, *,
+                                 checkpoint_dir: str, last_good: str | None) -> Detection:
+    """A training function reported a non-finite ``key`` (its loss) at ``step``: the run stops."""
+    host, gpu = where(places, rank)
+    what = "loss" if key == "loss" else f"loss ({key})"
+    return Detection("nonfinite", "error", step,
+                     f"non-finite {what} at step {step} on rank {rank}{_at(places, rank)}: ctx.report got "
+                     f"{key}={value}; training stopped; "
+                     f"{_kept(last_good, checkpoint_dir)}. Lower the learning rate, clip gradients, check the data "
+                     "for bad values, or skip such batches in the training function before reporting", rank, host, gpu)
 
 
 def interval_mean_loss(loss_sums: Sequence[float], loss_steps: Sequence[float]) -> float:
@@ -266,8 +291,8 @@ class HangWatchdog:
         detection = Detection("hang", "error", step,
                               f"hang: rank {self.rank} finished no training step for {idle:.0f} s after step {step} "
                               f"(guards.hang_timeout_s {self.timeout_s:g}); a peer is stalled, dead or deadlocked. "
-                              "Stacks of every thread follow; the attempt fails and a restart resumes from the "
-                              "last checkpoint", self.rank)
+                              "Stacks of every thread follow; the attempt fails and is retried: a restart resumes "
+                              "from the last checkpoint", self.rank)
         self.fired = detection
         return detection
 
@@ -279,15 +304,28 @@ class HangWatchdog:
             print(f"[rank{self.rank}] {detection.message}", file=sys.stderr, flush=True)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             if self.on_hang is not None:
-                try:
-                    self.on_hang(detection)
-                except Exception as e:  # the exit below must happen whatever reporting does
-                    print(f"[rank{self.rank}] reporting the hang failed: {e}", file=sys.stderr, flush=True)
+                self._report(detection)
             for pid in kill_stopped_siblings():
                 print(f"[rank{self.rank}] killed stopped peer process {pid}", file=sys.stderr, flush=True)
             sys.stderr.flush()
             self.exit(1)
             return
+
+    def _report(self, detection: Detection) -> None:
+        """``on_hang`` in a thread of its own, waited for at most ``REPORT_WAIT_S``: what hangs may be
+        the very volume or channel the report goes to, and the exit must happen all the same."""
+        def report() -> None:
+            try:
+                self.on_hang(detection)
+            except Exception as e:  # the exit must happen whatever reporting does; the reason is printed
+                print(f"[rank{self.rank}] reporting the hang failed: {e}", file=sys.stderr, flush=True)
+
+        reporter = threading.Thread(target=report, name="hang-report", daemon=True)
+        reporter.start()
+        reporter.join(timeout=REPORT_WAIT_S)
+        if reporter.is_alive():
+            print(f"[rank{self.rank}] reporting the hang took over {REPORT_WAIT_S:g} s; exiting without it",
+                  file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.stop_event.set()

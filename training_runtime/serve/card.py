@@ -4,7 +4,12 @@ training config), plus ``tokenizer.json`` when the data was tokenized with a tra
 
 The card records the model factory and its arguments, the task, the input contract (the
 ``DataInfo`` fields and how raw inputs became samples when sharding), class names, the tokenizer
-and the sha256 of the weights, which ``load_model`` checks before it reads a byte of them.
+and the sha256 of the weights, which ``load_model`` checks before it reads a byte of them. Its
+``preprocessing`` and ``output`` sections (serve/serving_card.py) state, step by step, how a raw
+input becomes the model's input and what the output is, enough to serve without this code.
+
+The same weights and card are the same bytes in every process: one safetensors metadata key
+(``SAFETENSORS_METADATA``) and the card as canonical JSON (``card_bytes``).
 
 Directories written before cards existed (``weights.pt`` + ``resolved_config.json``: the v1 table
 classifiers) still load: their card is derived from the resolved training config.
@@ -25,6 +30,7 @@ from training_runtime.atomic_files import atomic_path, atomic_write_bytes
 from training_runtime.data.info import DataInfo
 from training_runtime.data.shards import sha256_file
 from training_runtime.models.builtin import build_model
+from training_runtime.serve.serving_card import output_section, preprocessing_section
 from training_runtime.tasks.base import Task
 from training_runtime.tasks.registry import resolve_task, task_from_card
 
@@ -34,6 +40,11 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
 LEGACY_WEIGHTS_FILE = "weights.pt"
 LEGACY_CONFIG_FILE = "resolved_config.json"
+# safetensors 0.8 writes ``__metadata__`` in hash-map order: with two keys or more the header's
+# bytes (and so the file's sha256) change from one process to the next for the same tensors.
+# One key keeps the bytes stable; everything else about the weights (the card's format, tied
+# weights, the sha256) is in the card.
+SAFETENSORS_METADATA = {"format": "pt"}
 
 
 class ModelCardError(ValueError):
@@ -78,6 +89,9 @@ def build_card(*, factory: str, kwargs: dict, input_shape: list[int], num_output
                   "num_outputs": int(num_outputs), "extra_kwargs": dict(extra_kwargs)},
         "task": dict(task_card),
         "input": input_section,
+        # Enough to serve from the card alone (training_runtime/serve/serving_card.py).
+        "preprocessing": preprocessing_section(info, manifest, input_section.get("feature_columns")),
+        "output": output_section(task_card, info),
         "data_info": data_info_dict(info),
         "class_names": list(info.class_names),
         "tokenizer": tokenizer_section(manifest.get("tokenizer")),
@@ -86,11 +100,18 @@ def build_card(*, factory: str, kwargs: dict, input_shape: list[int], num_output
     }
 
 
+# DataInfo fields a card leaves out when they are None: a ``normalisation: null`` beside an image
+# model's real normalisation (in ``preprocessing``) read as if there were none.
+OPTIONAL_DATA_INFO = ("normalisation", "target_normalisation")
+
+
 def data_info_dict(info: DataInfo) -> dict:
     """``info`` as JSON values; ``data_info_from_dict`` turns it back into an equal DataInfo."""
     out = {}
     for f in dataclasses.fields(info):
         value = getattr(info, f.name)
+        if value is None and f.name in OPTIONAL_DATA_INFO:
+            continue
         if isinstance(value, tuple):
             value = list(value)
         elif isinstance(value, Mapping):
@@ -101,6 +122,7 @@ def data_info_dict(info: DataInfo) -> dict:
 
 def data_info_from_dict(data: Mapping) -> DataInfo:
     known = {f.name for f in dataclasses.fields(DataInfo)}
+    data = {**{k: None for k in OPTIONAL_DATA_INFO}, **data}  # left out when None (older cards wrote null)
     missing, unknown = sorted(known - set(data)), sorted(set(data) - known)
     if missing or unknown:
         raise ModelCardError(f"the card's data_info does not describe a DataInfo (missing {missing}, "
@@ -126,13 +148,19 @@ def save_model(out_dir: str | Path, state_dict: Mapping[str, torch.Tensor], card
     out.mkdir(parents=True, exist_ok=True)
     tensors, shared = _storable(state_dict)
     with atomic_path(out / WEIGHTS_FILE) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt", "card_format": CARD_FORMAT})
+        save_file(tensors, str(tmp), metadata=SAFETENSORS_METADATA)
     weights = {"file": WEIGHTS_FILE, "sha256": sha256_file(out / WEIGHTS_FILE)}
     if shared:
         weights["shared"] = shared
     card = {**card, "weights": weights}
-    atomic_write_bytes(out / CARD_FILE, (json.dumps(card, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(out / CARD_FILE, card_bytes(card))
     return card
+
+
+def card_bytes(card: Mapping) -> bytes:
+    """The card as written: sorted keys, fixed separators, one trailing newline, so the same card
+    is the same bytes (and sha256) in every process."""
+    return (json.dumps(card, indent=2, sort_keys=True, separators=(",", ": "), ensure_ascii=True) + "\n").encode()
 
 
 def _storable(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

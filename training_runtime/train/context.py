@@ -16,7 +16,12 @@
   newest valid one found again after a kill. ``state`` holds tensors, numbers, strings, lists
   and dicts (it is read back with ``torch.load(weights_only=True)``).
 - ``report(step, **metrics)``: figures that reach Dagster through Pipes (rank 0) and the run's
-  metrics history.
+  metrics history. A non-finite ``loss`` (or ``*_loss``) stops the run at once, not retried.
+- ``guards`` (train/guarding.py): the hang watchdog, non-finite, loss-spike, stall, straggler and
+  GPU-health checks, the same for every training. The watchdog counts each batch ``epochs``
+  hands out and each ``report`` as progress, and waits while the context evaluates, reads or
+  writes checkpoints and saves the model; ``with ctx.guards.paused():`` covers a long phase of
+  your own that is no training step.
 - ``should_stop()``: True on every rank once any rank got SIGTERM (preemption): save a
   checkpoint and return.
 - ``save_model(model)``: the model as ``model.safetensors`` and ``model_card.json`` in
@@ -25,14 +30,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import logging
-import math
-import os
 import random
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from torch import nn
 
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.config import ConfigError, RunConfig
-from training_runtime.data.batches import model_batches, split_loader
+from training_runtime.data.batches import split_loader
 from training_runtime.data.prefetch import chained_epochs
 from training_runtime.data.sampling import epoch_indices, steps_per_epoch
 from training_runtime.data.shards import resolve_shards
@@ -63,8 +64,15 @@ from training_runtime.distributed.process_group import (
     broadcast_object,
     raise_if_any_failed,
 )
+from training_runtime.distributed.units import parse_unit_names
+from training_runtime.observe.attempts import AttemptLog, metrics_attempts, read_attempts
 from training_runtime.observe.telemetry import LogReporter, Reporter
 from training_runtime.tasks.evaluation import evaluate_split
+from training_runtime.train.epochs import EpochBatches, StopSignal
+from training_runtime.train.faults import FaultInjection, delayed
+from training_runtime.train.guarding import Guards
+from training_runtime.train.loop_watch import LoopWatch
+from training_runtime.train.outputs import accelerator_versions, json_safe
 from training_runtime.train.trial_channel import append_report, stop_reason
 
 log = logging.getLogger(__name__)
@@ -74,7 +82,9 @@ log = logging.getLogger(__name__)
 # The device, kernels' precision options, compilation and timeouts change how a step runs, not
 # what the run is.
 RESUMABLE_CHANGES = {"epochs", "max_steps", "num_workers", "prefetch_batches", "sharding", "device", "tf32",
-                     "compile", "collective_timeout_s", "io_timeout_s"}
+                     "compile", "collective_timeout_s", "io_timeout_s",
+                     # how the same model is sharded and recomputed: its parameter names and values are the same
+                     "fsdp_units", "fsdp_unit_params", "activation_checkpointing"}
 
 
 def training_fingerprint(config: dict[str, Any]) -> dict[str, Any]:
@@ -93,49 +103,20 @@ def _train_defaults() -> dict[str, Any]:
     return dataclasses.asdict(TrainConfig())
 
 
-class _StopSignal:
-    """SIGTERM (what Kubernetes and torchrun send before a kill) sets a flag instead of ending the
-    process, so training can save a checkpoint first."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        try:
-            signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread (tests drive a context from a thread): no handler
-            pass
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-
-
-class EpochBatches:
-    """One epoch's model batches; ``wait_s`` is the time spent waiting for them."""
-
-    def __init__(self, loader, info):
-        self.loader, self.info = loader, info
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return model_batches(self.loader, self.info)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    @property
-    def wait_s(self) -> float:
-        return self.loader.wait_s
-
-
 class TrainingContext:
     def __init__(self, config: RunConfig, dist_info: DistInfo, reporter: Reporter | None = None,
-                 restart_count: int = 0, fault=None):
-        """``fault``: the test hook (trainer.FaultInjection) or None; on attempt 0 it kills rank
+                 restart_count: int = 0, fault: FaultInjection | None = None,
+                 attempt_log: AttemptLog | None = None):
+        """``fault``: the test hook (train/faults.py) or None; on attempt 0 it kills or stops rank
         ``fault.rank`` after the step it names is reported (user functions; the built-in loop
-        checks after each optimizer step) or inside that checkpoint's write."""
+        checks after each optimizer step) or inside that checkpoint's write. ``attempt_log``:
+        where this rank records its attempt (under torchrun; observe/attempts.py), or None."""
         self.config = config
         self.fault = fault
         self.dist = dist_info
         self.reporter = reporter or LogReporter()
         self.restart_count = restart_count
+        self.attempt_log = attempt_log
         self.data_info = config.data_info()
         self.task = config.task_object()
         self.model_build = config.model_build()
@@ -147,9 +128,15 @@ class TrainingContext:
         all_steps = t.epochs * self.steps_per_epoch
         self.total_steps = all_steps if t.max_steps is None else min(t.max_steps, all_steps)
         self._splits: dict[str, Any] = {}
-        self._stop = _StopSignal()
-        self.writer = ckpt.CheckpointWriter(config.checkpoint.dir, config.checkpoint.keep_last,
-                                            config.checkpoint.async_save, before_publish=self._checkpoint_fault())
+        self._stop = StopSignal()
+        self.writer = ckpt.CheckpointWriter(
+            config.checkpoint.dir, config.checkpoint.keep_last, config.checkpoint.async_save,
+            before_publish=fault.checkpoint_hook(dist_info.rank, restart_count) if fault else None)
+        # Reports go through self.reporter as it is then (the entry point wraps it for TensorBoard).
+        self.guards = Guards(config, dist_info, _Forwarding(self), attempt_log, self.wait_for_checkpoints)
+        self._loop_watch: LoopWatch | None = None
+        if attempt_log is not None and self.is_main:
+            attempt_log.start(dist_info.world_size)
         self.reported: list[dict[str, Any]] = []
         self.saved_model_card: dict | None = None
         self.last_checkpoint_step: int | None = None
@@ -158,16 +145,24 @@ class TrainingContext:
         # Image, build, nodes and GPUs of every rank (pod_lineage.py; set by the entry point).
         self.pod_record: dict[str, Any] | None = None
 
-    def _checkpoint_fault(self):
-        """The fault hook's callback for the checkpoint writer (None without an in-write fault)."""
-        f, rank, restarts = self.fault, self.dist.rank, self.restart_count
-        if not (f and f.in_checkpoint_write):
-            return None
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        """The guards watch what runs inside: every training function, the built-in trainer too."""
+        self.guards.start()
+        try:
+            yield
+        finally:
+            self.guards.close()
+            if self._loop_watch is not None:
+                self._loop_watch.close()
 
-        def kill_if_due(step: int) -> None:
-            if f.kill_in_checkpoint_write(rank, step, restarts):
-                os.kill(os.getpid(), signal.SIGKILL)
-        return kill_if_due
+    def watch_loop(self) -> None:
+        """Measure a training function's steps around the batches and forwards the context sees
+        (loop_watch.py), so the stall, straggler and GPU-health checks run for it. Collective."""
+        if not self.config.guards.enabled:
+            return
+        self._loop_watch = LoopWatch(self.guards, self.dist, self.config.telemetry.every_steps)
+        self.guards.locate(self._loop_watch.gpu_name())
 
     # ------------------------------------------------------------ who and where
     @property
@@ -195,18 +190,22 @@ class TrainingContext:
         """The split ``name`` memory-mapped; one rank per node checks its shards first (collective
         on first use)."""
         if name not in self._splits:
-            cfg, err = self.config, None
-            if self.local_rank == 0:
-                try:
-                    resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
-                                   cfg.data.s3_endpoint_url, verify=True)
-                except Exception as e:  # re-raised on every rank by raise_if_any_failed
-                    err = e
-            raise_if_any_failed(err, f"{name} shard verification", self.dist.io_group)
-            paths = resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
-                                   cfg.data.s3_endpoint_url, verify=False)
-            self._splits[name] = open_split(cfg.data.manifest, paths, name)
+            with self.guards.paused():
+                self._open_split(name)
         return self._splits[name]
+
+    def _open_split(self, name: str) -> None:
+        cfg, err = self.config, None
+        if self.local_rank == 0:
+            try:
+                resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
+                               cfg.data.s3_endpoint_url, verify=True)
+            except Exception as e:  # re-raised on every rank by raise_if_any_failed
+                err = e
+        raise_if_any_failed(err, f"{name} shard verification", self.dist.io_group)
+        paths = resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
+                               cfg.data.s3_endpoint_url, verify=False)
+        self._splits[name] = open_split(cfg.data.manifest, paths, name)
 
     def epoch_loader(self, epoch: int, start_step: int = 0):
         """The raw loader of this rank's share of training epoch ``epoch`` from its step ``start_step``."""
@@ -216,14 +215,22 @@ class TrainingContext:
                               epoch=epoch, seed=t.seed, augment=t.augment, num_workers=t.num_workers,
                               prefetch_batches=t.prefetch_batches)
         if self.fault is not None and self.fault.slow_loader_s:  # test hook: a data stall
-            loader.load_batches = _delayed(loader.load_batches, self.fault.slow_loader_s)
+            loader.load_batches = delayed(loader.load_batches, self.fault.slow_loader_s)
         return loader
 
     def epochs(self, start_step: int = 0) -> Iterator[tuple[int, EpochBatches]]:
         """``(epoch, batches)`` from global step ``start_step`` to ``total_steps``; the caller stops
-        after ``total_steps`` batches (the last epoch may hold more)."""
+        after ``total_steps`` batches (the last epoch may hold more). Each batch handed out tells
+        the guards the step before it has ended."""
+        on_batch = self._handing_out if self._loop_watch is not None else None
         for epoch, loader in chained_epochs(self.epoch_loader, start_step, self.steps_per_epoch, self.total_steps):
-            yield epoch, EpochBatches(loader, self.data_info)
+            first = max(start_step, epoch * self.steps_per_epoch)
+            yield epoch, EpochBatches(loader, self.data_info, first, on_batch)
+
+    def _handing_out(self, step: int, wait_s: float) -> None:
+        self._loop_watch.handing_out(step, wait_s)
+        if self.fault:
+            self.fault.slow_down(self.rank)  # test hook: this rank's own work on the batch takes longer
 
     # ------------------------------------------------------------ model
     def seed(self, offset: int) -> None:
@@ -238,9 +245,12 @@ class TrainingContext:
         self.seed(0)
         model = self.model_build.build()
         t = self.config.train
-        wrapped = wrap_model(model, t.sharding, self.dist, precision=t.precision)
+        wrapped = wrap_model(model, t.sharding, self.dist, precision=t.precision, units=parse_unit_names(t.fsdp_units),
+                             unit_params=t.fsdp_unit_params, activation_checkpointing=t.activation_checkpointing)
         if t.compile:  # in place (nn.Module.compile): parameter names and state dicts are unchanged
             wrapped.compile()
+        if self._loop_watch is not None:
+            self._loop_watch.watch_model(wrapped)
         self.seed(1 + self.rank)
         return wrapped
 
@@ -272,32 +282,42 @@ class TrainingContext:
     # ------------------------------------------------------------ evaluation
     def evaluate(self, model: nn.Module, split: str = "validation", batch_size: int | None = None) -> dict[str, Any]:
         """The task's metrics of ``model`` on the whole split (collective: call on every rank)."""
-        return evaluate_split(model, self.task, self.data_info, self.split(split), rank=self.rank,
-                              world_size=self.world_size, batch_size=batch_size or max(self.local_batch_size, 64),
-                              device=self.device, bf16=self.config.train.precision == "bf16")
+        with self.guards.paused():
+            return evaluate_split(model, self.task, self.data_info, self.split(split), rank=self.rank,
+                                  world_size=self.world_size, batch_size=batch_size or max(self.local_batch_size, 64),
+                                  device=self.device, bf16=self.config.train.precision == "bf16")
 
     # ------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int, state: dict[str, Any]) -> None:
         """Collective. Rank 0 publishes ``state`` (plus the step, every rank's RNG states and the
         config) as checkpoint ``step``; the fsync and pruning finish in the background."""
-        rngs = all_gather_object(ckpt.rng_state(self.device))
-        if self.is_main:
-            full = {**state, "step": step, "world_size": self.world_size, "rng": rngs,
-                    "config": self.config.to_dict()}
-            self.writer.save(step, full)
-        if not self.config.checkpoint.async_save:
-            # The others wait for rank 0's write here, under the I/O timeout, rather than in the
-            # next step's gradient all-reduce under the collective one.
-            dist.barrier(group=self.dist.io_group)
+        with self.guards.paused():
+            rngs = all_gather_object(ckpt.rng_state(self.device))
+            if self.is_main:
+                full = {**state, "step": step, "world_size": self.world_size, "rng": rngs,
+                        "config": self.config.to_dict()}
+                self.writer.save(step, full)
+            if not self.config.checkpoint.async_save:
+                # The others wait for rank 0's write here, under the I/O timeout, rather than in the
+                # next step's gradient all-reduce under the collective one.
+                dist.barrier(group=self.dist.io_group)
         self.last_checkpoint_step = step
 
     def wait_for_checkpoints(self) -> None:
         if self.is_main:
-            self.writer.wait()
+            with self.guards.paused():
+                self.writer.wait()
 
     def restore_checkpoint(self) -> dict[str, Any] | None:
         """Collective. The newest valid checkpoint's state with this rank's RNG restored, or None.
         Refuses a checkpoint of another run (model, data or training settings differ)."""
+        with self.guards.paused():
+            state = self._restore_checkpoint()
+        if state is not None and self.is_main and self.attempt_log is not None:
+            self.attempt_log.update(resumed_from_step=int(state["step"]))
+        return state
+
+    def _restore_checkpoint(self) -> dict[str, Any] | None:
         root = self.config.checkpoint.dir
         found = None
         if self.is_main:
@@ -325,13 +345,16 @@ class TrainingContext:
 
     # ------------------------------------------------------------ reporting
     def report(self, step: int, **metrics: Any) -> None:
-        """Record figures at ``step`` (every rank may call; rank 0's reach Dagster)."""
+        """Record figures at ``step`` (every rank may call; rank 0's reach Dagster). Step ``step``
+        has ended, for the hang watchdog; a non-finite loss stops the run (NonFiniteLoss)."""
         entry = {"step": int(step), **metrics}
         self.reported.append(entry)
         if self.is_main:
             self.reporter.custom({"kind": "telemetry", **entry})
-        if self.fault and self.fault.kill_mid_step(self.rank, int(step), self.restart_count):
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.guards.beat(int(step))
+        self.guards.check_reported(int(step), metrics)
+        if self.fault:
+            self.fault.after_step(self.rank, int(step), self.restart_count)
 
     def log(self, message: str) -> None:
         if self.is_main:
@@ -372,6 +395,10 @@ class TrainingContext:
     def save_model(self, model: nn.Module | dict[str, torch.Tensor], training: dict[str, Any] | None = None) -> None:
         """Collective. Rank 0 writes ``model.safetensors`` and ``model_card.json`` to output_dir.
         ``model``: the (wrapped) model, or a full state dict already gathered."""
+        with self.guards.paused():
+            self._save_model(model, training)
+
+    def _save_model(self, model: nn.Module | dict[str, torch.Tensor], training: dict[str, Any] | None) -> None:
         from training_runtime.serve.card import build_card, save_model
 
         state = model if isinstance(model, dict) else self.full_state(model)
@@ -390,50 +417,45 @@ class TrainingContext:
             self.saved_model_card = {}
         dist.barrier(group=self.dist.io_group)  # the others wait on rank 0's write: the I/O timeout
 
-    def write_outputs(self, metrics: dict[str, Any]) -> None:
-        """Rank 0: metrics.json and resolved_config.json beside the model."""
+    def attempts(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(``attempts``, ``detections``) of metrics.json: this run's attempts, this one completed,
+        and the detections of all of them. Under torchrun read from every attempt's records
+        (torchrun restarts and Dagster retries alike); otherwise this attempt alone."""
+        if self.attempt_log is None:
+            this = {"restart_count": self.restart_count, "resumed_from_step": self.resumed_from_step,
+                    "ended": "completed", "reason": None, "detections": list(self.guards.detections)}
+            return [this], [{**d, "attempt": 1} for d in self.guards.detections]
+        self.attempt_log.update(completed=True)
+        return metrics_attempts(read_attempts(self.attempt_log.root))
+
+    def write_outputs(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0: metrics.json (``metrics`` with every attempt and its detections) and
+        resolved_config.json beside the model. Returns what metrics.json holds."""
         if not self.is_main:
-            return
+            return {**metrics, "detections": list(self.guards.detections)}
+        attempts, detections = self.attempts()
+        metrics = {**metrics, "attempts": attempts, "detections": detections}
         out = Path(self.config.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         resolved = self.config.to_dict()
         resolved.update(world_size=self.world_size, backend=self.dist.backend, device=self.device.type,
                         steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
-                        torch_version=torch.__version__, **_accelerator_versions(self.device),
+                        torch_version=torch.__version__, **accelerator_versions(self.device),
                         **({"pod": self.pod_record} if self.pod_record is not None else {}))
         ckpt.atomic_write_json(out / "resolved_config.json", resolved)
-        ckpt.atomic_write_json(out / "metrics.json", _json_safe(metrics))
+        ckpt.atomic_write_json(out / "metrics.json", json_safe(metrics))
+        return metrics
 
 
-def _delayed(load, seconds: float):
-    def slow_load(batches):
-        time.sleep(seconds)
-        return load(batches)
+class _Forwarding:
+    """The context's reporter as it is when a report is made (the entry point wraps it for
+    TensorBoard after the context exists)."""
 
-    return slow_load
+    def __init__(self, ctx: TrainingContext):
+        self.ctx = ctx
 
+    def info(self, message: str) -> None:
+        self.ctx.reporter.info(message)
 
-def _accelerator_versions(device: torch.device) -> dict[str, Any]:
-    """CUDA, cuDNN and NCCL versions and the GPU model this rank trained on, as the process saw
-    them (the image's libraries, not the orchestrator's)."""
-    if device.type != "cuda":
-        return {}
-    nccl = torch.cuda.nccl.version()
-    return {"cuda_version": torch.version.cuda, "cudnn_version": torch.backends.cudnn.version(),
-            "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
-            "gpu_name": torch.cuda.get_device_name(device)}
-
-
-def _json_safe(obj: Any) -> Any:
-    """Metrics as JSON: non-finite floats become strings rather than invalid JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def read_metrics(output_dir: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(output_dir) / "metrics.json").read_text())
+    def custom(self, payload: dict[str, Any]) -> None:
+        self.ctx.reporter.custom(payload)

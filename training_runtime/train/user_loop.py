@@ -1,6 +1,7 @@
 """Running a user's training function (``train_fn = "pkg.module:main"``) on every rank with the
-``TrainingContext``, and holding it to what the platform promises downstream: figures reported,
-a model saved, and checkpoints to resume from after a kill."""
+``TrainingContext``, under the same guards as the built-in trainer, and holding it to what the
+platform promises downstream: figures reported, a model saved, and checkpoints to resume from
+after a kill."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Callable
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.config import ConfigError
 from training_runtime.train.context import TrainingContext
+from training_runtime.train.failures import TrainFnError, TrainingPreempted
 
 
 def resolve_train_fn(path: str) -> Callable[[TrainingContext], Any]:
@@ -30,35 +32,35 @@ def resolve_train_fn(path: str) -> Callable[[TrainingContext], Any]:
 
 
 def run_train_fn(ctx: TrainingContext) -> dict[str, Any]:
-    """Call the configured function; raise RuntimeError naming what it failed to do."""
+    """Call the configured function under the context's guards; raise TrainFnError naming what it
+    failed to do (a new attempt would fail the same way, so it is not retried)."""
     path = ctx.config.train_fn
     fn = resolve_train_fn(path)
     if ctx.restart_count > 0 and not ckpt.list_checkpoints(ctx.config.checkpoint.dir):
-        raise RuntimeError(
+        raise TrainFnError(
             f"train_fn {path!r}: attempt {ctx.restart_count + 1} follows an attempt that died, and that attempt "
             f"saved no checkpoint in {ctx.config.checkpoint.dir}; call ctx.save_checkpoint(step, state) regularly "
             "(and ctx.restore_checkpoint() at the start) so that a restart resumes instead of starting over")
-    started = time.perf_counter()
-    fn(ctx)
-    ctx.train_time_s = time.perf_counter() - started
+    with ctx.guarded():
+        ctx.watch_loop()
+        started = time.perf_counter()
+        fn(ctx)
+        ctx.train_time_s = time.perf_counter() - started
     if ctx.stop_requested:
-        from training_runtime.train.trainer import TrainingPreempted
-
         ctx.wait_for_checkpoints()
         raise TrainingPreempted(f"train_fn {path!r} stopped on SIGTERM (checkpoint at step {ctx.last_checkpoint_step} "
                                 f"in {ctx.config.checkpoint.dir}); a restart resumes from it")
     if not ctx.reported:
-        raise RuntimeError(f"train_fn {path!r} returned without reporting any figure; call ctx.report(step, "
+        raise TrainFnError(f"train_fn {path!r} returned without reporting any figure; call ctx.report(step, "
                            "loss=...) as it trains (the run's metrics and Dagster's charts come from it)")
     if ctx.saved_model_card is None:
-        raise RuntimeError(f"train_fn {path!r} returned without saving a model; call ctx.save_model(model) at the end "
-                           "(evaluation and registration read model.safetensors and model_card.json)")
+        raise TrainFnError(f"train_fn {path!r} returned without saving a model; call ctx.save_model(model) at the "
+                           "end (evaluation and registration read model.safetensors and model_card.json)")
     ctx.wait_for_checkpoints()
-    metrics = user_metrics(ctx)
-    ctx.write_outputs(metrics)
+    metrics = ctx.write_outputs(user_metrics(ctx))
     if ctx.is_main:
         ctx.reporter.custom({"kind": "final", **{k: v for k, v in metrics.items() if not k.endswith("_history")
-                                                 and k != "reported"}})
+                                                 and k not in ("reported", "attempts")}})
     return metrics
 
 
