@@ -11,6 +11,7 @@ import re
 import uuid
 from datetime import datetime, timezone
 
+from core.identity import Actor, audit_fields
 from resources.store.base import MAIN, MergeConflictError, RefNotFoundError, VersionedStore
 
 
@@ -81,6 +82,8 @@ def read_lineage(store: VersionedStore, model: str, version: int | None = None) 
 # Both live as plain JSON files on ``main``, written through a short-lived branch and merged, so
 # they carry commit metadata (who, when, what) and travel with the store like everything else.
 # Tags cannot move, so the alias is a pointer file with its full audit history.
+# Who: the identity the platform verified (core/identity.py: ``by`` is its user, ``actor`` how it
+# was verified); a name the user typed is only a ``note``.
 
 PRODUCTION = "production"
 
@@ -120,22 +123,35 @@ def publish_files(store: VersionedStore, files: dict[str, bytes], message: str, 
         store.delete_branch(branch)
 
 
-def add_comment(store: VersionedStore, model: str, version: int, text: str, author: str,
-                created_at: str | None = None) -> dict:
-    """Record a note on a version under ``models/M/comments/vN/`` on ``main``; return it."""
+def add_comment(store: VersionedStore, model: str, version: int, text: str, actor: Actor,
+                note: str | None = None, created_at: str | None = None) -> dict:
+    """Record a note on a version under ``models/M/comments/vN/`` on ``main``; return it.
+
+    ``author`` is the verified ``actor``'s user; ``note`` (e.g. on whose behalf) is shown beside it."""
+    who = audit_fields(actor, note)
     read_lineage(store, model, version)  # unknown model or version: UnknownModelVersionError
     if not text.strip():
         raise ValueError("the comment is empty; give the text to record")
     note_id = uuid.uuid4().hex[:12]
-    note = {"model": model, "version": version, "text": text, "author": author,
-            "created_at": created_at or utc_now(), "id": note_id}
-    stamp = re.sub(r"[^0-9T]", "", note["created_at"])[:15]
+    record = {"model": model, "version": version, "text": text, "author": who["by"], "actor": who["actor"],
+              "note": who["note"], "created_at": created_at or utc_now(), "id": note_id}
+    stamp = re.sub(r"[^0-9T]", "", record["created_at"])[:15]
     path = comments_prefix(model, version) + f"{stamp}-{note_id}.json"
-    head = publish_files(store, {path: json.dumps(note, indent=2, sort_keys=True).encode()},
+    head = publish_files(store, {path: json.dumps(record, indent=2, sort_keys=True).encode()},
                          f"Comment on {model} v{version}",
-                         {"model": model, "model_version": str(version), "author": author, "kind": "comment"},
+                         {"model": model, "model_version": str(version), "kind": "comment",
+                          **audit_metadata(who, "author")},
                          "comment")
-    return {**note, "path": path, "commit_id": head}
+    return {**record, "path": path, "commit_id": head}
+
+
+def audit_metadata(who: dict, by_key: str = "by") -> dict[str, str]:
+    """An audit entry's identity as commit metadata (strings only)."""
+    meta = {by_key: who["by"], f"{by_key}_verified_by": who["actor"]["verified_by"],
+            f"{by_key}_authenticated": str(who["actor"]["authenticated"]).lower()}
+    if who["note"]:
+        meta["note"] = who["note"]
+    return meta
 
 
 def list_comments(store: VersionedStore, model: str, version: int | None = None) -> list[dict]:
@@ -157,18 +173,20 @@ def empty_alias(model: str, alias: str = PRODUCTION) -> dict:
     return {"model": model, "alias": alias, "version": None, "previous": [], "history": []}
 
 
-def promoted(state: dict, version: int, actor: str, at: str) -> dict:
+def promoted(state: dict, version: int, actor: Actor, at: str, note: str | None = None) -> dict:
     """The alias state after pointing it at ``version``; the old target can be rolled back to."""
+    who = audit_fields(actor, note)
     current = state["version"]
     if current == version:
         raise AliasError(f"{state['model']} v{version} is already in {state['alias']}")
-    entry = {"action": "promote", "from": current, "to": version, "by": actor, "at": at}
+    entry = {"action": "promote", "from": current, "to": version, **who, "at": at}
     previous = [*state["previous"], current] if current is not None else list(state["previous"])
     return {**state, "version": version, "previous": previous, "history": [*state["history"], entry]}
 
 
-def rolled_back(state: dict, actor: str, at: str) -> dict:
+def rolled_back(state: dict, actor: Actor, at: str, note: str | None = None) -> dict:
     """The alias state after returning to the version it pointed at before the current one."""
+    who = audit_fields(actor, note)
     if state["version"] is None:
         raise AliasError(f"{state['model']} has no {state['alias']} version to roll back; promote one first")
     if not state["previous"]:
@@ -176,26 +194,28 @@ def rolled_back(state: dict, actor: str, at: str) -> dict:
             f"{state['model']} v{state['version']} is the first {state['alias']} version; "
             "there is no earlier one to roll back to")
     *rest, target = state["previous"]
-    entry = {"action": "rollback", "from": state["version"], "to": target, "by": actor, "at": at}
+    entry = {"action": "rollback", "from": state["version"], "to": target, **who, "at": at}
     return {**state, "version": target, "previous": rest, "history": [*state["history"], entry]}
 
 
-def move_alias(store: VersionedStore, model: str, action: str, actor: str, version: int | None = None,
-               alias: str = PRODUCTION, at: str | None = None) -> dict:
-    """Promote ``version`` to, or roll back, the alias on ``main``; return the audit entry."""
+def move_alias(store: VersionedStore, model: str, action: str, actor: Actor, version: int | None = None,
+               alias: str = PRODUCTION, at: str | None = None, note: str | None = None) -> dict:
+    """Promote ``version`` to, or roll back, the alias on ``main``; return the audit entry.
+
+    ``actor`` is the identity the platform verified (core.identity.resolve_actor); ``note`` is shown beside it."""
     at = at or utc_now()
     state = read_alias(store, model, alias)
     if action == "promote":
         read_lineage(store, model, version)  # unknown model or version: UnknownModelVersionError
-        new = promoted(state, version, actor, at)
+        new = promoted(state, version, actor, at, note)
     elif action == "rollback":
         read_lineage(store, model)  # unknown model: UnknownModelVersionError
-        new = rolled_back(state, actor, at)
+        new = rolled_back(state, actor, at, note)
     else:
         raise ValueError(f"unknown alias action {action!r}; use 'promote' or 'rollback'")
     entry = new["history"][-1]
     meta = {"model": model, "alias": alias, "action": action, "from_version": str(entry["from"]),
-            "to_version": str(entry["to"]), "by": actor, "at": at}
+            "to_version": str(entry["to"]), "at": at, **audit_metadata(entry)}
     try:
         head = publish_files(store, {alias_path(model, alias): json.dumps(new, indent=2, sort_keys=True).encode()},
                              f"{action.capitalize()} {model} {alias}: v{entry['from']} -> v{entry['to']}", meta,

@@ -8,13 +8,15 @@ branches and checkpoints stay) and the commits the latest asset materializations
 import dagster as dg
 from pydantic import Field
 
+from core.audit import apply_and_record
 from core.housekeeping import (
     InUse,
-    apply_plan,
     format_plan,
     plan_housekeeping,
     reproductions_root,
 )
+from core.identity import resolve_actor
+from ops.runs import launcher_actor
 from resources.platform import ArtifactStoreResource, PlatformSettings, VersionedStoreResource
 
 FINISHED_STATUSES = frozenset({dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE,
@@ -73,7 +75,14 @@ def clean_store(context: dg.OpExecutionContext, config: HousekeepingConfig, stor
         context.log.info(f"{verb} {item.kind} {item.target}: {item.reason}")
     for item in plan.kept:
         context.log.info(f"keeping {item.kind} {item.target}: {item.reason}")
-    applied = None if config.dry_run else apply_plan(plan, s, a)
+    applied = record = None
+    if not config.dry_run:
+        # Who applies it: the UI user the auth proxy verified, else the store's lakeFS user, else
+        # the OS user (marked as not authenticated); recorded under platform/housekeeping/ on main.
+        actor = resolve_actor(s, launcher_actor(context))
+        applied, record = apply_and_record(plan, s, a, actor, run_id=context.run_id)
+        context.log.info(f"applied by {actor.describe()}"
+                         + (f"; recorded in {record['path']} (store commit {record['commit_id'][:12]})" if record else ""))
     for item, why in applied.skipped if applied else ():
         context.log.warning(f"skipped {item.kind} {item.target}: {why}")
     summary = {
@@ -91,6 +100,8 @@ def clean_store(context: dg.OpExecutionContext, config: HousekeepingConfig, stor
         "deleted": summary["deleted"],
         "skipped": summary["skipped"],
         "plan": dg.MetadataValue.md(plan_markdown(format_plan(plan))),
+        **({"applied_by": record["by"], "applied_by_verified_by": record["actor"]["verified_by"],
+            "audit_record": record["path"]} if record else {}),
     })
 
 

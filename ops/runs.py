@@ -7,6 +7,7 @@ import json
 import dagster as dg
 
 from core.code_version import code_version
+from core.identity import NOT_VERIFIED, Actor, launcher_from_tags
 from resources.store.base import MAIN, Commit, VersionedStore
 
 # Store and launcher hiccups are retried; data and quality failures raise Failure(allow_retries=False).
@@ -42,6 +43,12 @@ def commit_metadata(context: dg.AssetExecutionContext, run_url: str, **extra: ob
         "git_sha": str(code["git_sha"]),
         "git_dirty": str(code["dirty"]),
     }
+    # Who launched the run, where the run coordinator verified it (a UI user behind the auth proxy);
+    # lakeFS records the committer (the key's user) on the commit itself.
+    launcher = launcher_actor(context)
+    meta["launched_by_verified"] = launcher.verified_by if launcher else NOT_VERIFIED
+    if launcher:
+        meta["launched_by"] = launcher.user
     for k, v in extra.items():
         meta[k] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
     return meta
@@ -53,3 +60,11 @@ def commit_or_head(store: VersionedStore, branch: str, message: str, metadata: d
         commit: Commit = store.commit(branch, message, metadata)
         return commit.id
     return store.resolve_ref(branch)
+
+
+def launcher_actor(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> Actor | None:
+    """The verified UI user who launched this run, or None (a schedule, a sensor, the CLI, or an
+    instance whose run coordinator does not verify launches: pipelines/run_coordinator.py)."""
+    coordinator = context.instance.run_coordinator
+    return launcher_from_tags(context.run.tags,
+                              coordinator_verifies=bool(getattr(coordinator, "verifies_launch_identity", False)))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from core.housekeeping import apply_plan, format_plan, plan_housekeeping, reproductions_root
+from core.audit import apply_and_record, list_housekeeping
+from core.housekeeping import format_plan, plan_housekeeping, reproductions_root
+from core.identity import describe_entry, resolve_actor
 from pipelines.cli.errors import UsageError
 from pipelines.cli.instance import dagster_instance
 from pipelines.profiles import REPO_ROOT, Profile
@@ -17,6 +19,9 @@ def housekeeping_command(args: argparse.Namespace) -> int:
     profile = Profile.from_environment()
     resources = profile.resources()
     store, artifacts, settings = resources["store"].get(), resources["artifacts"].get(), resources["platform"]
+    if args.history:
+        print(format_housekeeping_history(list_housekeeping(store)))
+        return 0
     with dagster_instance() as instance:
         in_use = in_use_from_instance(instance)
     plan = plan_housekeeping(store, artifacts, settings.checkpoints_root, reproductions_root(settings.root),
@@ -25,11 +30,24 @@ def housekeeping_command(args: argparse.Namespace) -> int:
     if not args.apply:
         print("Dry run: nothing was deleted. Add --apply to delete the items marked 'delete'.")
         return 0
-    applied = apply_plan(plan, store, artifacts)
+    applied, record = apply_and_record(plan, store, artifacts, resolve_actor(store), note=args.note)
     for item, why in applied.skipped:
         print(f"skipped {item.kind} {item.target}: {why}")
     print(f"Deleted {len(applied.deleted)} item(s); skipped {len(applied.skipped)}.")
+    if record:
+        print(f"Recorded in the audit trail as applied by {describe_entry(record)} ({record['path']}).")
     return 0
+
+
+def format_housekeeping_history(records: list[dict]) -> str:
+    if not records:
+        return "No housekeeping apply is recorded (only applies that deleted or skipped something are)."
+    lines = []
+    for r in records:
+        lines.append(f"{r['at']}  deleted {len(r['deleted'])}, skipped {len(r['skipped'])}"
+                     f"{' (failed: ' + r['error'] + ')' if r.get('error') else ''}  by {describe_entry(r)}")
+        lines.extend(f"    {d['kind']} {d['target']}: {d['reason']}" for d in r["deleted"])
+    return "\n".join(lines)
 
 
 def workspace_command(args: argparse.Namespace) -> int:

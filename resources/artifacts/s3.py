@@ -4,6 +4,9 @@ Large files go up as multipart uploads, which S3 publishes only on completion, s
 never see a partial object. Transient failures (5xx, throttling, connection resets, timeouts)
 are retried by botocore's "standard" mode with exponential backoff and jitter, a bounded number
 of times; then the call fails with an ArtifactError that names the endpoint and what to check.
+
+A refusal names the key (its id, never its secret), the permission it lacks and where; given the
+key's ``scope`` (resources/artifacts/key_scope.py), also where that key may act instead.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from resources.artifacts.base import ArtifactError, ArtifactStore, validate_key
+from resources.artifacts.key_scope import LIST, READ, WRITE, KeyScope
 from training_runtime.atomic_files import atomic_path
 
 MIB = 1024 * 1024
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+# HEAD answers carry no body, so a refused HEAD has only its status as the code.
+_DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled"}
 
 
 class S3ArtifactStore(ArtifactStore):
@@ -34,7 +40,7 @@ class S3ArtifactStore(ArtifactStore):
         access_key_id: str | None = None, secret_access_key: str | None = None,
         max_attempts: int = 5, connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0,
         multipart_threshold_bytes: int = 64 * MIB, multipart_chunk_bytes: int = 16 * MIB,
-        addressing_style: str = "auto",
+        addressing_style: str = "auto", scope: KeyScope | None = None,
     ):
         if not bucket:
             raise ArtifactError("S3ArtifactStore needs a bucket name")
@@ -45,6 +51,8 @@ class S3ArtifactStore(ArtifactStore):
         self.endpoint_url = endpoint_url
         self.region = region
         self.max_attempts = max_attempts
+        self.scope = scope
+        self._access_key_id = access_key_id
         config = Config(
             region_name=region,
             retries={"total_max_attempts": max_attempts, "mode": "standard"},
@@ -52,6 +60,7 @@ class S3ArtifactStore(ArtifactStore):
             s3={"addressing_style": addressing_style},
         )
         session = session or boto3.Session()
+        self._session = session
         # The secret goes straight into botocore's credential object; this class keeps no copy.
         self._client = session.client(
             "s3", endpoint_url=endpoint_url, config=config,
@@ -70,15 +79,16 @@ class S3ArtifactStore(ArtifactStore):
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _fail(self, action: str, key: str, exc: Exception) -> ArtifactError:
-        where = f"s3://{self.bucket}/{self._object_key(key) if key else self.prefix}"
+    def _fail(self, action: str, key: str, exc: Exception, permission: str | None = None) -> ArtifactError:
+        where = f"s3://{self.bucket}/" + "/".join(p for p in (self.prefix, key) if p)
         if isinstance(exc, ClientError):
             code = exc.response.get("Error", {}).get("Code", "?")
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+            if code in _DENIED:
+                return ArtifactError(self._denied(permission or action, where, code, status))
             hint = {
                 "NoSuchBucket": f"create bucket {self.bucket!r} first",
-                "AccessDenied": "check the credentials and the bucket policy",
-                "InvalidAccessKeyId": "check the access key id",
+                "InvalidAccessKeyId": f"the server knows no access key {self._key_id()}; check the access key id",
                 "SignatureDoesNotMatch": "check the secret access key",
             }.get(code, f"the server answered HTTP {status}")
             message = f"{action} {where} failed: {code} ({hint})"
@@ -90,6 +100,20 @@ class S3ArtifactStore(ArtifactStore):
                        f"{type(exc).__name__}: {exc}; check that {self.endpoint_url or 'S3'} is reachable")
         return ArtifactError(message)
 
+    def _denied(self, permission: str, where: str, code: str, status: object) -> str:
+        message = f"access denied: key {self._key_id()} may not {permission} {where} (the server answered {code}, HTTP {status})"
+        if self.scope is not None and permission in (READ, WRITE, LIST):
+            return f"{message}; {self.scope.explain(permission)}"
+        return f"{message}; grant this key {permission} on that prefix (the bucket policy or the key's IAM policy), " \
+               "or use the key that holds it"
+
+    def _key_id(self) -> str:
+        """The access key id (not a secret: S3 logs it with every request), for messages."""
+        if self._access_key_id:
+            return self._access_key_id
+        credentials = self._session.get_credentials()
+        return credentials.access_key if credentials is not None else "(none: no credentials found)"
+
     def put_file(self, local_path: Path, key: str) -> str:
         object_key = self._object_key(key)
         local_path = Path(local_path)
@@ -99,9 +123,9 @@ class S3ArtifactStore(ArtifactStore):
             self._client.upload_file(str(local_path), self.bucket, object_key, Config=self._transfer)
         except S3UploadFailedError as exc:
             # boto3 wraps the ClientError it caught; report the original code and status.
-            raise self._fail("upload to", key, exc.__context__ or exc) from None
+            raise self._fail("upload to", key, exc.__context__ or exc, WRITE) from None
         except (BotoCoreError, ClientError) as exc:
-            raise self._fail("upload to", key, exc) from None
+            raise self._fail("upload to", key, exc, WRITE) from None
         return self.uri(key)
 
     def get_file(self, key: str, dest: Path) -> Path:
@@ -113,7 +137,7 @@ class S3ArtifactStore(ArtifactStore):
         except (BotoCoreError, ClientError, RetriesExceededError) as exc:
             if self._is_not_found(exc):
                 raise ArtifactError(f"artifact {key!r} not found at {self.uri(key)}") from None
-            raise self._fail("download of", key, exc) from None
+            raise self._fail("download of", key, exc, READ) from None
         return dest
 
     def exists(self, key: str) -> bool:
@@ -122,9 +146,9 @@ class S3ArtifactStore(ArtifactStore):
         except ClientError as exc:
             if self._is_not_found(exc):
                 return False
-            raise self._fail("lookup of", key, exc) from None
+            raise self._fail("lookup of", key, exc, READ) from None
         except BotoCoreError as exc:
-            raise self._fail("lookup of", key, exc) from None
+            raise self._fail("lookup of", key, exc, READ) from None
         return True
 
     def list_keys(self, prefix: str = "") -> list[str]:
@@ -135,7 +159,7 @@ class S3ArtifactStore(ArtifactStore):
             for page in pages:
                 keys.extend(obj["Key"][len(root):] for obj in page.get("Contents", []))
         except (BotoCoreError, ClientError) as exc:
-            raise self._fail("listing of", "", exc) from None
+            raise self._fail("listing of", prefix, exc, LIST) from None
         return sorted(keys)
 
     def delete(self, key: str) -> None:
@@ -144,7 +168,7 @@ class S3ArtifactStore(ArtifactStore):
         try:
             self._client.delete_object(Bucket=self.bucket, Key=self._object_key(key))
         except (BotoCoreError, ClientError) as exc:
-            raise self._fail("delete of", key, exc) from None
+            raise self._fail("delete of", key, exc, WRITE) from None
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._object_key(key)}"
@@ -158,16 +182,16 @@ class S3ArtifactStore(ArtifactStore):
             # Some servers answer 403 for a missing bucket; creating it then either works or
             # fails with an error that says the name is taken.
             if exc.response.get("Error", {}).get("Code") not in {*_NOT_FOUND, "NoSuchBucket", "403", "AccessDenied"}:
-                raise self._fail("lookup of bucket", "", exc) from None
+                raise self._fail("lookup of bucket", "", exc, "look up buckets") from None
         except BotoCoreError as exc:
-            raise self._fail("lookup of bucket", "", exc) from None
+            raise self._fail("lookup of bucket", "", exc, "look up buckets") from None
         try:
             kwargs: dict[str, Any] = {"Bucket": self.bucket}
             if self.region and self.region != "us-east-1":
                 kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
             self._client.create_bucket(**kwargs)
         except (BotoCoreError, ClientError) as exc:
-            raise self._fail("creation of bucket", "", exc) from None
+            raise self._fail("creation of bucket", "", exc, "create buckets") from None
 
     @staticmethod
     def _is_not_found(exc: Exception) -> bool:

@@ -61,7 +61,14 @@ def test_key_check_catches_typos(values):
 def test_structure_selects_what_the_platform_needs(values):
     assert values["runLauncher"]["type"] == "K8sRunLauncher"
     coordinator = values["dagsterDaemon"]["runCoordinator"]
-    assert coordinator["enabled"] and coordinator["type"] == "QueuedRunCoordinator"
+    # The queue plus who launched each run (pipelines/run_coordinator.py), in the webserver and the
+    # daemon, which therefore run the code location's image.
+    assert coordinator["enabled"] and coordinator["type"] == "CustomRunCoordinator"
+    custom = coordinator["config"]["customRunCoordinator"]
+    assert (custom["module"], custom["class"]) == ("pipelines.run_coordinator", "IdentityRunCoordinator")
+    image = values["dagster-user-deployments"]["deployments"][0]["image"]["repository"]
+    assert values["dagsterWebserver"]["image"]["repository"] == values["dagsterDaemon"]["image"]["repository"] == image
+    assert values["ingress"] == {"enabled": False}  # the UI's way in is the auth proxy's Ingress
     assert values["computeLogManager"]["type"] == "S3ComputeLogManager"
     assert values["computeLogManager"]["config"]["s3ComputeLogManager"]["bucket"]
     assert values["telemetry"] == {"enabled": False}
@@ -106,11 +113,9 @@ def _snake(name: str) -> str:
 def test_chart_values_and_instance_file_agree(values):
     """helm/instance/dagster.yaml (non-Helm deployments, and the Postgres test) says the same."""
     instance = yaml.safe_load(INSTANCE.read_text())
-    queued = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
-    coordinator = instance["run_coordinator"]["config"]
-    assert coordinator["max_concurrent_runs"] == queued["maxConcurrentRuns"]
-    assert coordinator["tag_concurrency_limits"] == queued["tagConcurrencyLimits"]
-    assert coordinator["dequeue_interval_seconds"] == queued["dequeueIntervalSeconds"]
+    # The chart renders a custom coordinator's module, class and config into the instance as written.
+    custom = values["dagsterDaemon"]["runCoordinator"]["config"]["customRunCoordinator"]
+    assert instance["run_coordinator"] == custom
     monitoring = values["dagsterDaemon"]["runMonitoring"]
     assert instance["run_monitoring"] == {_snake(k): v for k, v in monitoring.items()}
     retries = values["dagsterDaemon"]["runRetries"]
@@ -128,7 +133,7 @@ def test_queue_limits_key_on_the_tags_runs_carry(values):
     from pipelines.automation import MODEL_TAG, TEAM_TAG, TRIGGER_TAG, run_tags
     from pipelines.models.digits import digits_pipeline
 
-    limits = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"]
+    limits = values["dagsterDaemon"]["runCoordinator"]["config"]["customRunCoordinator"]["config"]["tag_concurrency_limits"]
     assert {lim["key"] for lim in limits} == {MODEL_TAG, TEAM_TAG, TRIGGER_TAG}
     ad_hoc = run_tags(digits_pipeline, "ad_hoc")
     assert any(lim["key"] == TRIGGER_TAG and lim["value"] == ad_hoc[TRIGGER_TAG] for lim in limits)

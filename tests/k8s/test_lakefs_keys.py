@@ -1,5 +1,5 @@
 """Pods that read shards through lakeFS's S3 gateway authenticate with the lakeFS keys (the chart's
-secrets.lakefs.name), never the S3 secret's; pods reading file:// shards keep the S3 secret."""
+secrets.lakefs.trainingName), never the S3 secret's; pods reading file:// shards keep the S3 secret."""
 
 from __future__ import annotations
 
@@ -37,7 +37,10 @@ def secret_refs(manifest) -> dict[str, tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def chart_settings():
-    (cm,) = by_kind(render({"secrets": {"s3": {"name": "team-s3"}, "lakefs": {"name": "team-lakefs"}}}), "ConfigMap")
+    # The training pods' keys (trainingName); the orchestrator's (name) never reach them.
+    (cm,) = by_kind(render({"secrets": {"s3": {"name": "orchestrator-s3", "trainingName": "team-s3"},
+                                        "lakefs": {"name": "orchestrator-lakefs", "trainingName": "team-lakefs"}}}),
+                    "ConfigMap")
     return platform_settings(cm["data"])
 
 
@@ -82,7 +85,7 @@ def test_s3_urls_without_a_gateway_endpoint_are_plain_s3(chart_settings):
 def test_reading_through_lakefs_without_its_secret_names_the_chart_value(chart_settings, lakefs_locations):
     locations, endpoint = lakefs_locations
     settings = dataclasses.replace(chart_settings, lakefs_secret_env=())
-    with pytest.raises(ValueError, match=r"secrets\.lakefs\.name \(MODEL_FACTORY_LAKEFS_SECRET"):
+    with pytest.raises(ValueError, match=r"secrets\.lakefs\.trainingName \(MODEL_FACTORY_TRAINING_LAKEFS_SECRET"):
         build_training_job(job_reading(locations, endpoint), settings)
 
 

@@ -1,6 +1,7 @@
 """Store housekeeping: the plan lists exactly what is stale, with reasons; applying it deletes
 that and nothing a registered version's lineage or an in-flight run uses."""
 
+import getpass
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import dagster as dg
 import pytest
 
+from core.audit import HOUSEKEEPING_LOG, list_housekeeping
 from core.housekeeping import (
     ARTIFACT,
     CHECKPOINT_DIR,
@@ -24,6 +26,7 @@ from core.housekeeping import (
     plan_housekeeping,
     stale_run_branches,
 )
+from core.identity import AUTH_PROXY, OS_USER, Actor, describe_entry, launch_identity_tags
 from core.lineage import commit_ids
 from core.registry import lineage_path, read_lineage, version_tag
 from core.versions import register_version
@@ -340,10 +343,10 @@ def _resources(tmp_path: Path) -> dict:
             "platform": PlatformSettings(data_root=str(tmp_path / "platform"))}
 
 
-def _instance_knowing(w: World) -> dg.DagsterInstance:
+def _instance_knowing(w: World, instance: dg.DagsterInstance | None = None) -> dg.DagsterInstance:
     """An instance where the retry 'live' (root 'live-root') runs and run-shards2's commit is the
     latest materialization of the shards asset."""
-    instance = dg.DagsterInstance.ephemeral()
+    instance = instance or dg.DagsterInstance.ephemeral()
     instance.add_run(dg.DagsterRun(job_name="toy_training", run_id="live", status=dg.DagsterRunStatus.STARTED,
                                    tags={"dagster/root_run_id": "live-root", "dagster/parent_run_id": "live-root"}))
     instance.add_run(dg.DagsterRun(job_name="toy_training", run_id="failed", status=dg.DagsterRunStatus.FAILURE))
@@ -352,9 +355,10 @@ def _instance_knowing(w: World) -> dg.DagsterInstance:
     return instance
 
 
-def _run(w: World, tmp_path: Path, instance, **config) -> tuple[dict, dict]:
+def _run(w: World, tmp_path: Path, instance, tags: dict | None = None, **config) -> tuple[dict, dict]:
     result = store_housekeeping.execute_in_process(
-        resources=_resources(tmp_path), instance=instance, run_config={"ops": {"clean_store": {"config": config}}})
+        resources=_resources(tmp_path), instance=instance, run_config={"ops": {"clean_store": {"config": config}}},
+        tags=tags)
     assert result.success
     output = next(e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT")
     metadata = {k: v.value for k, v in output.event_specific_data.metadata.items()}
@@ -379,6 +383,59 @@ def test_the_job_plans_in_a_dry_run_and_deletes_when_applying(tmp_path, monkeypa
     assert not (w.checkpoints / "toy" / "failed").exists()
     assert (w.checkpoints / "toy" / "live-root").is_dir()
     _assert_lineage_intact(w)
+    # The apply is in the audit trail: who (here the OS user, not authenticated), what and why.
+    (record,) = list_housekeeping(w.store)
+    assert (record["by"], record["actor"]["verified_by"], record["actor"]["authenticated"]) == (
+        getpass.getuser(), OS_USER, False)
+    assert {(d["kind"], d["target"]) for d in record["deleted"]} == _expected_deletions(w)
+    assert metadata["audit_record"].startswith(HOUSEKEEPING_LOG) and metadata["audit_record"].endswith(
+        f"-{record['id']}.json")
+    assert metadata["applied_by"] == getpass.getuser() and record["dagster_run_id"]
+
+
+def test_an_apply_launched_from_the_ui_records_the_proxys_user_only_where_the_coordinator_verifies(
+        tmp_path, monkeypatch):
+    from dagster._core.test_utils import instance_for_test
+
+    from tests.core.launch_webserver import coordinator_config
+
+    alice = Actor("alice@example.com", AUTH_PROXY, True, "X-Forwarded-Email set by the authenticating proxy")
+    tags = launch_identity_tags(alice, "launch-1")
+    # Locally nothing verifies launches: the same tags typed into the launchpad are not believed.
+    for name in ("local", "prod"):
+        (tmp_path / name).mkdir()
+    local = build_world(tmp_path / "local", monkeypatch)
+    _run(local, tmp_path / "local", _instance_knowing(local), tags=tags, dry_run=False)
+    (record,) = list_housekeeping(local.store)
+    assert (record["by"], record["actor"]["verified_by"]) == (getpass.getuser(), OS_USER)
+    # On the production instance the run coordinator wrote them from the proxy's header.
+    prod = build_world(tmp_path / "prod", monkeypatch)
+    with instance_for_test(overrides=coordinator_config(trust=True)) as instance:
+        _run(prod, tmp_path / "prod", _instance_knowing(prod, instance), tags=tags, dry_run=False)
+    (record,) = list_housekeeping(prod.store)
+    assert (record["by"], record["actor"]["verified_by"], record["actor"]["authenticated"]) == (
+        "alice@example.com", AUTH_PROXY, True)
+    assert "launch-1" in record["actor"]["detail"]
+    assert describe_entry(record) == "alice@example.com (signed in through the authenticating proxy)"
+
+
+def test_the_cli_apply_is_recorded_with_its_note_and_listed_by_history(tmp_path, monkeypatch, capsys):
+    from pipelines.cli import main
+
+    home = tmp_path / "home"
+    (home / "platform").mkdir(parents=True)
+    w = build_world(home / "platform", monkeypatch)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PLATFORM_PROFILE", "local")
+    assert main(["housekeeping", "--older-than-days", str(OLDER_THAN_DAYS), "--apply", "--by", "ops on-call"]) == 0
+    out = capsys.readouterr().out
+    assert f'applied by {getpass.getuser()} (OS user, not authenticated), note "ops on-call"' in out
+    (record,) = list_housekeeping(w.store)
+    assert record["note"] == "ops on-call" and record["by"] == getpass.getuser()
+    assert main(["housekeeping", "--history"]) == 0
+    history = capsys.readouterr().out.splitlines()
+    assert history[0].endswith(f'by {getpass.getuser()} (OS user, not authenticated), note "ops on-call"')
+    assert any(line.strip().startswith("run-branch run-failed:") for line in history[1:])
 
 
 def test_the_definitions_hold_the_job_and_a_stopped_daily_schedule(tmp_path, monkeypatch):

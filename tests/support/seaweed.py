@@ -2,10 +2,17 @@
 
 Started on free ports in its own process group and always stopped (SIGTERM, then SIGKILL if
 it lingers), so a test run leaves no server behind.
+
+Without ``identities`` it accepts any key. With them, it starts with an S3 identity configuration
+(``-s3.config``): the server's own key is an admin (to create the bucket), and each identity holds
+only its actions. SeaweedFS 4.x checks an action ``Write:bucket/prefix/*`` by string prefix
+against ``Write:bucket/<object key>`` (weed/s3api/auth_credentials.go, ``canDo``); ``Write`` also
+covers deletes and multipart parts. ``seaweed_identity`` turns a platform KeyScope into one.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,10 +21,20 @@ import sys
 import time
 from pathlib import Path
 
+from resources.artifacts.key_scope import KeyScope
 from tests.support.ports import free_ports
 
 READY_TIMEOUT_S = 90
 STOP_GRACE_S = 5  # weed often ignores SIGTERM for longer; test data needs no clean shutdown
+
+
+def seaweed_identity(name: str, access_key: str, secret_key: str, scope: KeyScope | None) -> dict:
+    """A SeaweedFS identity holding exactly ``scope``'s grants (None: a key with no grant at all)."""
+    actions = []
+    if scope is not None:
+        for action, locations in (("Read", scope.read), ("Write", scope.write), ("List", scope.list)):
+            actions += [f"{action}:{location}*" for location in locations]
+    return {"name": name, "credentials": [{"accessKey": access_key, "secretKey": secret_key}], "actions": actions}
 
 
 def weed_binary() -> str:
@@ -43,9 +60,10 @@ class SeaweedServer:
     access_key_id = "test-access-key"
     secret_access_key = "test-secret-key"  # SeaweedFS without an identity config accepts any key
 
-    def __init__(self, data_dir: Path, bucket: str = "test-bucket"):
+    def __init__(self, data_dir: Path, bucket: str = "test-bucket", identities: list[dict] | None = None):
         self.data_dir = Path(data_dir)
         self.bucket = bucket
+        self.identities = identities
         self.process: subprocess.Popen | None = None
         self.endpoint_url = ""
         self.log_path = self.data_dir / "weed.log"
@@ -65,6 +83,8 @@ class SeaweedServer:
             f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
             f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
         ]
+        if self.identities is not None:
+            args.append(f"-s3.config={self._write_identity_config()}")
         log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -78,13 +98,22 @@ class SeaweedServer:
             raise
         return self
 
-    def client(self, **kwargs):
+    def _write_identity_config(self) -> Path:
+        admin = {"name": "admin", "actions": ["Admin"],
+                 "credentials": [{"accessKey": self.access_key_id, "secretKey": self.secret_access_key}]}
+        path = self.data_dir / "s3-identities.json"
+        path.write_text(json.dumps({"identities": [admin, *self.identities]}, indent=2))
+        return path
+
+    def client(self, access_key_id: str | None = None, secret_access_key: str | None = None, **kwargs):
+        """A boto3 client with the server's admin key, or with the key given."""
         import boto3
         from botocore.config import Config
 
         return boto3.client(
             "s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
-            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
+            aws_access_key_id=access_key_id or self.access_key_id,
+            aws_secret_access_key=secret_access_key or self.secret_access_key,
             config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10), **kwargs,
         )
 
@@ -119,13 +148,14 @@ class SeaweedServer:
         except FileNotFoundError:
             return "(no log)"
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s`` (a server whose data no later test reads may go at once)."""
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
             return
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=STOP_GRACE_S)
+            proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=STOP_GRACE_S)

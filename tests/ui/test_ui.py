@@ -7,25 +7,22 @@ temporary instance that holds the two demo runs. Screenshots go to ``test-artifa
 
 from __future__ import annotations
 
+import getpass
 import time
 
 import dagster as dg
 import pytest
 from dagster_graphql import DagsterGraphQLClient
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import expect
 
 from core.registry import read_lineage
 from tests.cli.demo_platform import shared_demo_platform
-from tests.ui.webserver import REPO, running_webserver
+from tests.ui.browser import ARTIFACTS
+from tests.ui.webserver import running_webserver
 
 pytestmark = pytest.mark.slow
 
-ARTIFACTS = REPO / "test-artifacts" / "ui"
 LOCATION = "platform"  # workspace.yaml: location_name platform
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
-UI_TIMEOUT_MS = 90_000  # first renders of a page on two busy cores are slow
 COMMENT = "UI check: reviewed the confusion on 8s"
 
 
@@ -42,26 +39,6 @@ def ui_url(demo):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with running_webserver(demo.env(), ARTIFACTS / "webserver.log") as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser(ui_url):
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser) -> Page:
-    context = browser.new_context(viewport={"width": 1600, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    expect.set_options(timeout=UI_TIMEOUT_MS)
-    # A new instance greets with "Join the Dagster community" over the page; skip it whenever it shows.
-    page.add_locator_handler(page.get_by_role("button", name="Skip"), lambda skip: skip.click())
-    yield page
-    context.close()
 
 
 def test_asset_graph_shows_the_four_stages(page, ui_url):
@@ -122,7 +99,10 @@ def test_checkpoint_page_shows_the_loss_curve(page, ui_url):
 
 def test_a_comment_from_the_cli_is_in_the_asset_history(page, ui_url):
     page.goto(f"{ui_url}/assets/digits/model_version?view=events")
-    expect(page.get_by_text(f"Comment on v2 by ui-test: {COMMENT}").first).to_be_visible()
+    # The author is the identity the platform verified (locally the OS user); --author is a note.
+    expect(page.get_by_text(f"Comment on v2 by {getpass.getuser()}: {COMMENT}").first).to_be_visible()
+    expect(page.get_by_role("row", name="note ui-test").first).to_be_visible()
+    expect(page.get_by_role("row", name="verified_by os-user").first).to_be_visible()
     expect(page.get_by_text(COMMENT, exact=True).first).to_be_visible()  # the `comment` metadata entry
     page.screenshot(path=ARTIFACTS / "model_version_events.png", full_page=True)
 
