@@ -29,7 +29,8 @@ import pandas as pd
 from assets.prefetch import prefetched
 from assets.quality import QualityReport
 from assets.quality.chunked import ChunkedRawSuite
-from assets.source import SourceError, validated_arrays
+from assets.arrow_csv import ArrowFallback
+from assets.source import SourceChunks, SourceError, validated_arrays
 from core.spec import RAW_FEATURES_COLUMN, RAW_TARGETS_COLUMN, PipelineSpec
 
 
@@ -47,13 +48,37 @@ class Ingested:
     rows: int
     columns: int  # columns of the source as parsed (first chunk)
     path: Path  # the validated rows as Parquet; meaningful only when report.passed
+    reader: str = "pandas"  # which parser read the source: "arrow", or "pandas" with the reason
 
 
 def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[Any]] | None,
                   chunks: Iterable[pd.DataFrame], out: Path) -> Ingested:
     """Validate the chunks and write the accepted rows to ``out``. A chunk the platform's rules
     refuse stops the writing, but every chunk still goes through the suite so the report is whole.
-    ``suite=None`` applies the platform's rules alone (benchmarks use it to time the data path)."""
+    ``suite=None`` applies the platform's rules alone (benchmarks use it to time the data path).
+
+    A source's files (``SourceChunks``) are parsed by Arrow where that gives what pandas gives;
+    where it would not, Arrow says so (``ArrowFallback``) and the source is read again, by pandas,
+    from the start (a new checker, a new Parquet file), so the report is the one pandas' chunks get."""
+    fast = chunks.fast() if isinstance(chunks, SourceChunks) else None
+    if fast is not None:
+        try:
+            return _ingest(spec, asset, suite, fast, out, reader="arrow")
+        except ArrowFallback as exc:
+            return _ingest(spec, asset, _fresh(suite), chunks, out, reader=f"pandas ({exc})")
+    return _ingest(spec, asset, suite, chunks, out, reader="pandas")
+
+
+def _fresh(suite: Mapping[str, Sequence[Any]] | None) -> Mapping[str, Sequence[Any]] | None:
+    """The suite's expectations as copies: Great Expectations ties an expectation to the first
+    suite that validated it, and the first attempt's checker has done so."""
+    import copy
+
+    return None if suite is None else {table: [copy.copy(e) for e in es] for table, es in suite.items()}
+
+
+def _ingest(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[Any]] | None,
+            chunks: Iterable[pd.DataFrame], out: Path, reader: str) -> Ingested:
     checker = ChunkedRawSuite(asset, suite, spec.feature_columns, spec.label_column, task=spec.task,
                               label_columns=spec.label_columns) if suite is not None else None
     writer = _ParquetAppender(out, spec)
@@ -83,7 +108,7 @@ def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[A
     if error is None and spec.id_column:
         error = _duplicate_ids(spec, ids)
     report = checker.finish() if checker is not None else QualityReport(asset, [])
-    return Ingested(report=report.with_failure(error), rows=rows, columns=columns or 0, path=out)
+    return Ingested(report=report.with_failure(error), rows=rows, columns=columns or 0, path=out, reader=reader)
 
 
 def _duplicate_ids(spec: PipelineSpec, parts: list[np.ndarray]) -> str | None:

@@ -23,6 +23,14 @@ class SourceError(ValueError):
     """The source data cannot be ingested; the message says what is wrong and how to fix it."""
 
 
+def missing_source_hint(spec: PipelineSpec) -> str:
+    """How to put a pipeline's missing source files where it reads them (pipelines/sources.py)."""
+    hint = f"commit them with `python -m pipelines sources add {spec.name} FILE...`"
+    if spec.location == "platform":  # the platform's own example pipelines ship their data's writer
+        hint += "; the platform's example data is written by `python -m pipelines sources examples`"
+    return hint
+
+
 def resolve_source_files(spec: PipelineSpec, sources_root: Path) -> list[Path]:
     files: list[Path] = []
     for pattern in spec.source.paths:
@@ -32,7 +40,7 @@ def resolve_source_files(spec: PipelineSpec, sources_root: Path) -> list[Path]:
         if not matches:
             raise SourceError(
                 f"pipeline {spec.name!r}: source {str(full)!r} matches no file; "
-                "put the CSV/Parquet files there or fix the pipeline's source paths"
+                f"put the CSV/Parquet files there or fix the pipeline's source paths; or {missing_source_hint(spec)}"
             )
         files.extend(m for m in matches if m.is_file())
     if not files:
@@ -40,16 +48,46 @@ def resolve_source_files(spec: PipelineSpec, sources_root: Path) -> list[Path]:
     return files
 
 
-def iter_source_chunks(spec: PipelineSpec, files: list[Path], rows: int) -> Iterator[pd.DataFrame]:
-    """The files' rows as parsed, at most ``rows`` at a time, in file order (CSV through pandas'
-    chunked C reader with the pipeline's csv_options, Parquet by row batches). Every file yields
-    at least one frame, so a header-only file still shows its columns to the schema checks."""
+class SourceChunks:
+    """The files' rows as parsed, at most ``rows`` at a time, in file order. Iterating reads them
+    with pandas (CSV through its chunked C reader with the pipeline's csv_options, Parquet by
+    row batches). Every file yields at least one frame, so a header-only file still shows its
+    columns to the schema checks. ``fast()`` reads CSV files with Arrow's multi-threaded reader
+    where it gives what pandas gives (assets/arrow_csv.py); it raises ``ArrowFallback`` where
+    it would not, and the raw asset then reads the source again by iterating."""
+
+    def __init__(self, spec: PipelineSpec, files: list[Path], rows: int):
+        self.spec, self.files, self.rows = spec, list(files), rows
+
+    def __iter__(self) -> Iterator[pd.DataFrame]:
+        return _source_chunks(self.spec, self.files, self.rows, arrow=False)
+
+    def fast(self) -> Iterator[pd.DataFrame] | None:
+        """The chunks with Arrow reading the CSV files it applies to; None when it applies to none."""
+        from assets import arrow_csv
+
+        if not any(arrow_csv.applies(self.spec, path) for path in self.files):
+            return None
+        return _source_chunks(self.spec, self.files, self.rows, arrow=True)
+
+
+def iter_source_chunks(spec: PipelineSpec, files: list[Path], rows: int) -> SourceChunks:
+    """The files' chunks (``SourceChunks``)."""
+    return SourceChunks(spec, files, rows)
+
+
+def _source_chunks(spec: PipelineSpec, files: list[Path], rows: int, arrow: bool) -> Iterator[pd.DataFrame]:
+    from assets import arrow_csv
+
     for path in files:
         suffix = path.suffix.lower()
         if path.stat().st_size == 0:
             raise SourceError(f"source file {path.name!r} is empty (0 bytes)")
         if suffix not in (".parquet", ".pq", ".csv", ".txt"):
             raise SourceError(f"source file {path.name!r}: unsupported type {suffix!r}; use .csv or .parquet")
+        if arrow and arrow_csv.applies(spec, path):
+            yield from arrow_csv.arrow_frames(spec, path, rows)
+            continue
         try:
             if suffix in (".parquet", ".pq"):
                 import pyarrow.parquet as pq
@@ -141,14 +179,22 @@ def _numeric_arrays(spec: PipelineSpec, frame: pd.DataFrame) -> Arrays | None:
     if len(frame) == 0 or any(c not in frame.columns for c in wanted) or \
             not all(is_numeric_dtype(frame[c].dtype) for c in cols):
         return None
-    x = frame[cols].to_numpy(dtype=np.float64)
+    # column by column into the float32 matrix: one copy, where a float64 matrix and its cast
+    # were two (finiteness is judged on the float64 values, as _validate_frame judges it)
+    x = np.empty((len(frame), len(cols)), dtype=np.float32)
+    for j, c in enumerate(cols):
+        values = frame[c].to_numpy(dtype=np.float64, na_value=np.nan)
+        if not np.isfinite(values).all():
+            return None
+        with np.errstate(over="ignore"):  # past float32's range is inf, as astype gave it: the shard gate refuses it
+            x[:, j] = values
     ids = frame[spec.id_column] if spec.id_column else None
-    if not np.isfinite(x).all() or (ids is not None and (ids.isna().any() or ids.duplicated().any())):
+    if ids is not None and (ids.isna().any() or ids.duplicated().any()):
         return None
     targets = _numeric_targets(spec, frame)
     if targets is None:
         return None
-    return x.astype(np.float32), targets, None if ids is None else ids.astype(str).to_numpy()
+    return x, targets, None if ids is None else ids.astype(str).to_numpy()
 
 
 def _numeric_targets(spec: PipelineSpec, frame: pd.DataFrame) -> np.ndarray | None:

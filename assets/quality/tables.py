@@ -49,11 +49,19 @@ def long_table(columns, frame: pd.DataFrame, empty_dtype: str) -> pd.DataFrame:
     present = [c for c in columns if c in frame.columns]
     if not (present and len(frame)):
         return pd.DataFrame({"column": pd.Series(dtype=str), "value": pd.Series(dtype=empty_dtype)})
-    cells = frame[present].melt(var_name="column", value_name="value")
     # one small code per cell instead of the column's name: the table has rows x columns rows
     # (melt stacks whole columns in order, so the codes are known without hashing the names)
-    cells["column"] = pd.Categorical.from_codes(
-        np.repeat(np.arange(len(present), dtype=np.int32), len(frame)), categories=present)
+    codes = pd.Categorical.from_codes(np.repeat(np.arange(len(present), dtype=np.int32), len(frame)),
+                                      categories=present)
+    kinds = {frame[c].dtype for c in present}
+    if kinds <= {np.dtype(np.float64), np.dtype(np.int64)}:
+        # plain numbers: the columns' values one after another are melt's "value" (int64 and
+        # float64 together give float64, as melt gives), without melt's repeated column names
+        # (rows x columns strings, which a chunk under a memory limit could not allocate)
+        values = np.concatenate([frame[c].to_numpy() for c in present])
+        return pd.DataFrame({"column": codes, "value": values}, copy=False)
+    cells = frame[present].melt(var_name="column", value_name="value")
+    cells["column"] = codes
     return cells
 
 
