@@ -23,7 +23,9 @@ from assets.sharding import (
 )
 from assets.typed_data import build_typed_data_assets
 from assets.source import SourceError, file_sha256, iter_frame_chunks, iter_source_chunks, resolve_source_files
-from core.datasets import plan_dataset_version, tag_published_dataset, validation_report_path
+from assets.data_key import data_key, frame_sha256
+from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
+from core.datasets import DATA_KEY, plan_dataset_version, reusable_version, tag_published_dataset, validation_report_path
 from core.spec import PipelineSpec
 from ops.evaluation import build_evaluation_op
 from ops.published_dataset import build_published_dataset_op, build_trained_dataset_op
@@ -80,6 +82,13 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         _check_dataset_owner(s, spec)
         with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
             chunks, sources, source_commit = _source_chunks(context, spec, s, platform.sources_root, Path(tmp))
+            key = data_key(spec, sources)
+            reuse = reusable_version(s, name, key)
+            if reuse.tag is not None:  # the newest version holds this very data: nothing to make
+                yield from reused_raw(context, s, keys["raw_dataset"], RAW_CHECK, name, reuse, ingest.raw_path(name),
+                                      ensure_run_branch(s, context.run_id), source_commit)
+                return
+            context.log.info(not_reused_line(name, reuse, key))
             try:
                 ingested = ingest.ingest_chunks(spec, f"{name}/raw_dataset", spec.expectations.raw(spec), chunks,
                                                 Path(tmp) / "data.parquet")
@@ -95,7 +104,7 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                     f"Ingest raw data of {name}", rows=str(ingested.rows),
                                     source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": ingested.rows,
-                 "branch": branch, "source_commit": source_commit, "checks": report.summary()}
+                 "branch": branch, "source_commit": source_commit, "checks": report.summary(), "data_key": key}
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             "commit_id": commit_id, "rows": ingested.rows, "columns": ingested.columns,
             "sources": dg.MetadataValue.json(sources), "store_link": _link(s, commit_id),
@@ -110,6 +119,9 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     def shards(context: dg.AssetExecutionContext, raw: dict, platform: PlatformSettings,
                store: VersionedStoreResource):
         s = store.get()
+        if raw.get(REUSED):
+            yield from reused_shards(context, s, keys["shards"], SHARDS_CHECK, name, raw[REUSED])
+            return
         branch = ensure_run_branch(s, context.run_id)
         prefix = ingest.dataset_prefix(name) + "shards/"
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
@@ -124,6 +136,8 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                  allow_retries=False) from exc
             manifest["source_commit"] = raw["commit_id"]
             manifest["location"] = spec.location  # whose dataset this is, for other locations reading it
+            if raw.get("data_key"):  # what a later run compares to reuse these shards
+                manifest[DATA_KEY] = raw["data_key"]
             _replace_prefix(s, branch, prefix, out, manifest)
         # Check what the store holds now, read back from the staged shard files.
         tables = quality.shard_tables(s, branch, prefix, manifest)
@@ -268,8 +282,8 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
     try:
         if spec.source.loader is not None:
             frame = spec.source.loader()
-            return (iter_frame_chunks(frame, rows), [{"loader": spec.source.describe(), "rows": int(len(frame))}],
-                    None)
+            return (iter_frame_chunks(frame, rows), [{"loader": spec.source.describe(), "rows": int(len(frame)),
+                                                      "sha256": frame_sha256(frame)}], None)
         commit = context.run.tags.get(SOURCE_COMMIT_TAG) or store.resolve_ref(MAIN)
         wanted = [SOURCES_PREFIX + p for p in spec.source.paths if not Path(p).is_absolute()]
         in_store = [o for o in store.list_objects(commit, prefix=SOURCES_PREFIX)
@@ -287,8 +301,8 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
 
 def _publish_dataset(context, store, branch: str, platform: PlatformSettings, name: str, commit_id: str) -> str:
     """A dataset pipeline has no model version whose registration would publish its shards: they
-    reach main once they pass their checks, tagged as the dataset's next version (or the newest one
-    when the data did not change)."""
+    reach main once they pass their checks, tagged as the dataset's next version (a run on unchanged
+    data never gets here: it reuses the newest version's commit, assets/reuse.py)."""
     version = plan_dataset_version(store, name, commit_id)
     store.merge(branch, MAIN, f"Publish dataset {name} ({version})",
                 commit_metadata(context, platform.run_url(context.run_id), dataset_version=version))

@@ -3,7 +3,8 @@
 Same contract as the table assets in assets/pipeline.py: each writes to the run's branch,
 commits its data with its validation report, records a blocking check, and stops the run with
 what failed. A dataset pipeline of this kind publishes its shards to main (tagged ``<name>-d<N>``)
-as soon as they pass their checks; a model pipeline publishes them with its model version.
+as soon as they pass their checks; a model pipeline publishes them with its model version. A run
+whose files and preprocessing equal the newest version's reuses it (assets/reuse.py).
 """
 
 # No ``from __future__ import annotations``: Dagster reads the ``context`` annotation as a type.
@@ -15,8 +16,11 @@ from pathlib import Path
 import dagster as dg
 
 from assets import ingest
+from assets.data_key import data_key
 from assets.kinds import DataKind
-from assets.source import file_sha256
+from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
+from assets.source import file_sha256, missing_source_hint
+from core.datasets import DATA_KEY, reusable_version
 from core.spec import ImageFolder, PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
@@ -43,6 +47,13 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
             files, root, source_commit = source_files(context, spec, s, platform.sources_root, Path(tmp),
                                                       source_commit_tag)
+            key = data_key(spec, describe_files(files, root))
+            reuse = reusable_version(s, name, key)
+            if reuse.tag is not None:  # the newest version holds this very data: nothing to make
+                yield from reused_raw(context, s, keys["raw_dataset"], "raw_expectations", name, reuse,
+                                      raw_store_path, ensure_run_branch(s, context.run_id), source_commit)
+                return
+            context.log.info(not_reused_line(name, reuse, key))
             raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name)
             branch = ensure_run_branch(s, context.run_id)
             if raw.report.passed:  # otherwise only the evidence stays on the run branch
@@ -51,7 +62,7 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
                                    f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": raw_store_path, "rows": raw.rows, "branch": branch,
-                 "source_commit": source_commit, "checks": raw.report.summary()}
+                 "source_commit": source_commit, "checks": raw.report.summary(), "data_key": key}
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             "commit_id": commit_id, "rows": raw.rows, "files": len(raw.sources), "store_link": link(s, commit_id),
             **({"source_commit": source_commit} if source_commit else {})})
@@ -65,6 +76,9 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
     def shards(context: dg.AssetExecutionContext, raw: dict, platform: PlatformSettings,
                store: VersionedStoreResource):
         s = store.get()
+        if raw.get(REUSED):
+            yield from reused_shards(context, s, keys["shards"], "shard_expectations", name, raw[REUSED])
+            return
         branch = ensure_run_branch(s, context.run_id)
         shard_prefix = prefix + "shards/"
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
@@ -77,6 +91,8 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
                                  allow_retries=False) from exc
             manifest["source_commit"] = raw["commit_id"]
             manifest["location"] = spec.location
+            if raw.get("data_key"):  # what a later run compares to reuse these shards
+                manifest[DATA_KEY] = raw["data_key"]
             report = kind.check_shards(spec, manifest, out)
             replace_prefix(s, branch, shard_prefix, out, manifest)
         commit_id = commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
@@ -117,14 +133,15 @@ def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Pa
         folder = sources_root / spec.source.root
         if not folder.is_dir():
             raise dg.Failure(description=f"pipeline {spec.name!r}: image folder {folder} does not exist; put the "
-                                         f"images under it (one sub-folder per class) or commit them to the store "
-                                         f"under sources/{spec.source.root}/", allow_retries=False)
+                                         f"images under it (one sub-folder per class); or {missing_source_hint(spec)}",
+                             allow_retries=False)
         files = sorted(p for p in folder.rglob("*") if p.is_symlink() or p.is_file())
     else:
         files = sorted({f for p in patterns for f in sources_root.glob(p) if f.is_symlink() or f.is_file()})
     if not files:
         raise dg.Failure(description=f"pipeline {spec.name!r}: no files match {list(patterns)} under {sources_root} "
-                                     "or in the store's sources/ area", allow_retries=False)
+                                     f"or in the store's sources/ area; {missing_source_hint(spec)}",
+                         allow_retries=False)
     return files, sources_root, None
 
 

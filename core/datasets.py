@@ -1,21 +1,28 @@
 """Dataset versions users can name: version N of dataset D is the tag ``D-dN`` on the store commit
 that holds the shards (``datasets/D/shards/``) a model trained on when that model was published.
 
-A tag means "published": it is created only after ``register_version`` merged the run branch,
-with the shards, into ``main``. Retraining on the same data (the same shards commit, or a later
-commit whose shards are identical) keeps the dataset's version; only new data makes ``D-d<N+1>``.
+One version is one commit. A tag means "published": it is created only after the shards reached
+``main`` (``register_version`` merged the run branch, or a dataset pipeline published its shards).
+A run whose raw content and preprocessing equal the newest version's (the same ``data_key`` in
+its manifest: assets/data_key.py) does not ingest or shard again: it reuses that version's
+commit (``reusable_version``), and its lineage names the version and that commit. Anything else
+is a new commit and so a new version, ``D-d<N+1>``, even when its shards happen to hold the same
+bytes: a version never names two commits.
 
-Lineage records name the version they trained on (``record["data"]["dataset_version"]``). The name
-is planned before the record is committed and the tag is created after the merge, so a record
-published on ``main`` is the claim a tag must honour: planning first creates any tag a published
-record claims but the store lacks (a failure between the merge and the tag), exactly as
-``core.versions.repair_untagged_versions`` does for model versions.
+Lineage records name the version they trained on (``record["data"]["dataset_version"]``) beside
+its commit (``shards_commit``). The name is planned before the record is committed and the tag is
+created after the merge, so a record published on ``main`` is the claim a tag must honour:
+planning first creates any tag a published record claims but the store lacks (a failure between
+the merge and the tag), exactly as ``core.versions.repair_untagged_versions`` does for model
+versions. ``version_disagreements`` lists records whose version's tag points elsewhere (records
+made before versions were exact).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
@@ -26,9 +33,8 @@ from resources.store.base import MAIN, RefNotFoundError, StoreError, VersionedSt
 _DATASET_TAG = re.compile(r"^(?P<dataset>[a-z][a-z0-9_]*)-d(?P<number>[1-9][0-9]*)$")
 _LINEAGE_ON_MAIN = re.compile(r"^models/[^/]+/versions/v[0-9]+/lineage\.json$")
 CHECKED_ASSETS = ("raw_dataset", "shards")  # the validation reports committed beside the data
-# The manifest names the raw commit it was built from; an unchanged source re-ingested by a later
-# run has the same bytes at a newer commit, so that field alone does not make new data.
-_MANIFEST_PROVENANCE_KEYS = ("source_commit",)
+DATA_KEY = "data_key"  # the manifest field naming what the shards were made from (assets/data_key.py)
+DATA_KEY_PARTS = ("sources", "parameters", "code")
 
 
 class UnknownDatasetVersionError(LookupError):
@@ -198,50 +204,94 @@ def _names(dataset: str, tags: dict[int, str]) -> str:
     return ", ".join(dataset_tag(dataset, n) for n in tags)
 
 
-# --- tagging after publication ----------------------------------------------------------------------
-def same_shards(store: VersionedStore, dataset: str, left_commit: str, right_commit: str) -> bool:
-    """Whether two commits hold the same shards of ``dataset`` (provenance fields aside)."""
-    if left_commit == right_commit:
-        return True
-    changed = {entry.path for entry in store.diff(left_commit, right_commit, prefix=shards_prefix(dataset))}
-    if not changed <= {manifest_path(dataset)}:
-        return False  # a shard file was added, removed or rewritten
-    # The manifest lists every shard's sha256, so equal manifests mean equal data.
-    return _content_of(store, dataset, left_commit) == _content_of(store, dataset, right_commit)
+# --- reusing and tagging -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reuse:
+    """What a run on data with key ``wanted`` finds among the published versions."""
+
+    tag: str | None  # the version to reuse; None: make new data
+    commit_id: str | None  # its shards commit
+    manifest: dict | None  # its manifest
+    changed: tuple[str, ...]  # without a version to reuse: the key's parts that differ from the newest's
+    newest: str | None  # the newest version's tag, if any
 
 
-def _content_of(store: VersionedStore, dataset: str, commit_id: str) -> dict:
+def reusable_version(store: VersionedStore, dataset: str, wanted: Mapping[str, str]) -> Reuse:
+    """The newest published version of ``dataset`` when its manifest's data key equals ``wanted``
+    (the same raw content, preprocessing and code); else which parts of the key changed.
+
+    Only the newest version is compared: "newest" must always name the data ``main`` holds, so
+    data that returns to an older version's content is a new version, not a step back. A tag
+    that a published record claims but the store lacks is created first, as planning does, so
+    "newest" counts it."""
+    try:
+        repair_claimed_dataset_tags(store, dataset)
+        tags = dataset_tags(store, dataset)
+    except UnknownDatasetVersionError:
+        tags = {}  # a store without a repository yet: nothing published
+    if not tags:
+        return Reuse(None, None, None, ("no published version",), None)
+    number = max(tags)
+    tag, commit_id = dataset_tag(dataset, number), tags[number]
     manifest = json.loads(store.get_object(commit_id, manifest_path(dataset)))
-    return {k: v for k, v in manifest.items() if k not in _MANIFEST_PROVENANCE_KEYS}
+    published = manifest.get(DATA_KEY) or {}
+    if published.get("sha256") != wanted["sha256"]:
+        return Reuse(None, None, None, changed_parts(wanted, published), tag)
+    checks = _data_checks(store, dataset, commit_id)
+    if set(checks) != set(CHECKED_ASSETS) or not all(c.passed for c in checks.values()):
+        # A version is published only after both suites passed; one whose reports say otherwise
+        # is not taken as is: its data is made and checked again.
+        return Reuse(None, None, None, ("checks",), tag)
+    return Reuse(tag, commit_id, manifest, (), tag)
+
+
+def changed_parts(wanted: Mapping[str, str], published: Mapping[str, str]) -> tuple[str, ...]:
+    """The parts of a data key that differ from a published version's (all, when it has no key:
+    shards made before data keys)."""
+    if not published:
+        return DATA_KEY_PARTS
+    return tuple(p for p in DATA_KEY_PARTS if wanted.get(p) != published.get(p))
 
 
 def plan_dataset_version(store: VersionedStore, dataset: str, shards_commit: str) -> str:
     """The tag that names the shards of ``dataset`` at ``shards_commit`` once they are published.
 
-    An existing tag on that commit (a retry, a second model trained in the same run); else the
-    newest version when its shards are identical (retraining on unchanged data); else one past
-    the highest version. Tags that published lineage records claim are created first, so a name
-    a published model version already states is never handed to other data.
-    """
+    The tag already on that commit (a reused version, a retry, a second model trained in the
+    same run); else one past the highest version. Tags that published lineage records claim are
+    created first, so a name a published model version already states is never handed to other
+    data."""
     repair_claimed_dataset_tags(store, dataset)
     tags = dataset_tags(store, dataset)
     on_commit = [n for n, commit_id in tags.items() if commit_id == shards_commit]
     if on_commit:
         return dataset_tag(dataset, on_commit[0])
-    if tags and same_shards(store, dataset, tags[max(tags)], shards_commit):
-        return dataset_tag(dataset, max(tags))
     return dataset_tag(dataset, max(tags, default=0) + 1)
+
+
+def version_disagreements(store: VersionedStore, dataset: str) -> list[str]:
+    """Published lineage records that name a version of ``dataset`` beside another commit than the
+    one its tag points at: one line each. Empty wherever versions are exact."""
+    tags = dataset_tags(store, dataset)
+    out = []
+    for r in published_lineage_records(store):
+        data = r["data"]
+        parsed = parse_dataset_tag(data.get("dataset_version") or "")
+        if data.get("dataset") == dataset and parsed and parsed[0] == dataset and parsed[1] in tags \
+                and tags[parsed[1]] != data["shards_commit"]:
+            out.append(f"{r['model']} v{r['version']} names {data['dataset_version']} (commit "
+                       f"{tags[parsed[1]][:12]}) but trained on commit {data['shards_commit'][:12]}")
+    return out
 
 
 def tag_published_dataset(store: VersionedStore, dataset: str, shards_commit: str, planned: str | None = None,
                           attempts: int = 5) -> str:
     """Tag the published ``shards_commit`` as a version of ``dataset``; return the tag naming its data.
 
-    Idempotent: data that already has a version keeps it. Two taggers racing for one number: the
-    store refuses the second ``create_tag``; it re-reads the tags, accepts the winner's tag when it
-    names the same data, and otherwise plans again (the next number). With ``planned`` (a name a
-    lineage record already states) there is no other name to fall back to: a different holder of
-    that tag is an inconsistency and raises StoreError.
+    Idempotent: a commit that already has a version keeps it. Two taggers racing for one number:
+    the store refuses the second ``create_tag``; it re-reads the tags, accepts the winner's tag
+    when it is on the same commit, and otherwise plans again (the next number). With ``planned``
+    (a name a lineage record already states) there is no other name to fall back to: another
+    commit holding that tag is an inconsistency and raises StoreError.
     """
     for _ in range(attempts):
         tag = planned or plan_dataset_version(store, dataset, shards_commit)
@@ -250,8 +300,8 @@ def tag_published_dataset(store: VersionedStore, dataset: str, shards_commit: st
         if planned:
             holder = store.list_tags()[tag]
             raise StoreError(
-                f"dataset tag {tag!r} points at commit {holder}, whose shards differ from the published commit "
-                f"{shards_commit}, yet a lineage record names {tag!r} for the latter; tags are immutable: compare "
+                f"dataset tag {tag!r} points at commit {holder}, not at the published commit {shards_commit}, "
+                f"yet a lineage record names {tag!r} for the latter; tags are immutable: compare "
                 f"`python -m pipelines datasets {dataset}` with the records and fix the tag by hand")
     raise StoreError(
         f"could not tag a version of dataset {dataset!r} at {shards_commit}: {attempts} attempts lost the race for "
@@ -259,8 +309,8 @@ def tag_published_dataset(store: VersionedStore, dataset: str, shards_commit: st
 
 
 def _create_or_accept(store: VersionedStore, dataset: str, tag: str, shards_commit: str) -> bool:
-    """Create ``tag`` at ``shards_commit``; True when it now names that data (created here or by a
-    concurrent tagger), False when it names other data (this tagger lost the number)."""
+    """Create ``tag`` at ``shards_commit``; True when it now names that commit (created here or by a
+    concurrent tagger of the same commit), False when it names another (this tagger lost the number)."""
     holder = store.list_tags().get(tag)
     if holder is None:
         try:
@@ -272,7 +322,7 @@ def _create_or_accept(store: VersionedStore, dataset: str, tag: str, shards_comm
             holder = store.list_tags().get(tag)
             if holder is None:
                 raise
-    return same_shards(store, dataset, holder, shards_commit)
+    return holder == shards_commit
 
 
 def repair_claimed_dataset_tags(store: VersionedStore, dataset: str) -> list[str]:
@@ -292,7 +342,7 @@ def repair_claimed_dataset_tags(store: VersionedStore, dataset: str) -> list[str
         tag = dataset_tag(dataset, number)
         if not _create_or_accept(store, dataset, tag, shards_commit):
             raise StoreError(
-                f"dataset tag {tag!r} was created at other shards while a published lineage record names it for "
+                f"dataset tag {tag!r} was created at another commit while a published lineage record names it for "
                 f"commit {shards_commit}; compare `python -m pipelines datasets {dataset}` with the records")
         repaired.append(tag)
     return repaired

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import platform
 import sys
 from collections.abc import Mapping
@@ -9,6 +11,7 @@ from datetime import datetime, timezone
 from typing import NamedTuple
 
 from core.code_version import code_version
+from core.registry import version_prefix, version_tag
 from core.experiment_lineage import experiment_fields, experiment_rows
 
 
@@ -63,6 +66,11 @@ def build_lineage_record(
             "logs": checkpoint.get("logs_uri"),
             # What the runtime's guards detected (training_runtime/observe/guards.py): NaN, spikes, stragglers ...
             "detections": list(metrics.get("detections") or []),
+            # How the training got there: every attempt (torchrun restarts, Dagster retries) when the
+            # runtime records them, else the last attempt's restart count (its resumed_from_step is
+            # in training_figures).
+            "attempts": metrics.get("attempts"),
+            "restart_count": metrics.get("restart_count"),
             "nonfinite_skipped": metrics.get("nonfinite_skipped", 0),
         },
         "task": resolved_config.get("task", "classification"),
@@ -73,12 +81,33 @@ def build_lineage_record(
                               "checkpoint_stall_s_total", "resumed_from_step", "monitor", "best_step",
                               "best_value", "weights_from_step", "stopped_early")},
         "serving": serving or {},
+        # Where the version's whole folder is (weights, card, tokenizer, ONNX, this record):
+        # `python -m pipelines export` writes it out. The checkpoint above is only the weights' copy.
+        "version_folder": version_folder(model, version),
         "evaluation": evaluation,
         "quality_gate": gate,
         "checks": checks or {},
         "dagster": {"run_id": run_id, "run_url": run_url},
         "links": links or {},
     }
+
+
+def version_folder(model: str, version: int) -> dict[str, str]:
+    """The store folder holding everything a version serves from, and the tag to read it at."""
+    return {"store_path": version_prefix(model, version), "tag": version_tag(model, version),
+            "export": f"python -m pipelines export {model} --version {version} DIR"}
+
+
+def lineage_bytes(record: Mapping) -> bytes:
+    """The record's canonical form, the bytes ``lineage.json`` holds: sorted keys, fixed
+    separators, ASCII, one trailing newline. The same record is the same bytes in any process,
+    whatever order its dicts were filled in, so its sha256 names its content."""
+    return (json.dumps(record, indent=2, sort_keys=True, separators=(",", ": "), ensure_ascii=True) + "\n").encode()
+
+
+def lineage_sha256(data: bytes) -> str:
+    """sha256 of the bytes written (never of a re-serialisation, which could differ)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def commit_ids(record: dict) -> dict[str, str]:
@@ -130,9 +159,11 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
         return f"{record['data'][name]}  (resolves: {'yes' if resolved.get(name) else 'no'})"
 
     training, test, figures = record["training"], record["evaluation"]["test"], record["training_figures"]
+    folder = record.get("version_folder") or version_folder(record["model"], record["version"])  # a fixed layout
     rows = [
         LineageRow("checkpoint", record["checkpoint"]["uri"]),
         LineageRow("sha256", record["checkpoint"]["sha256"]),
+        LineageRow("version folder", f"{folder['store_path']} at tag {folder['tag']} (export: {folder['export']})"),
         LineageRow("store", f"{record['data'].get('backend')} repository {record['data'].get('repository')}"),
         LineageRow("dataset", _dataset_fact(record["data"])),
         LineageRow("raw commit", commit("raw_commit")),
@@ -146,6 +177,7 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
         LineageRow("training", f"model={training['config'].get('model', {}).get('name')} seed={training['seed']} "
                                f"world_size={training['world_size']} backend={training['backend']}"),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
+        LineageRow("attempts", attempts_summary(record)),
         *([LineageRow("training logs", training["logs"], url=training["logs"])] if training.get("logs") else []),
         *([LineageRow("training health", detections_summary(training["detections"]))]
           if training.get("detections") else []),
@@ -158,11 +190,50 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
         *experiment_rows(record, LineageRow),
         LineageRow("test", metric_summary(test)),
         *([LineageRow("onnx", onnx_summary(record["serving"]["onnx"]))] if record.get("serving", {}).get("onnx") else []),
+        *continuation_rows(record),
         LineageRow("quality gate", "passed" if record["quality_gate"]["passed"] else "FAILED"),
         LineageRow("dagster run", record["dagster"]["run_id"], url=record["dagster"]["run_url"]),
     ]
     rows.extend(LineageRow(f"lakeFS {name}", url, url=url) for name, url in record.get("links", {}).items())
     return rows
+
+
+def attempt_facts(record: Mapping) -> dict[str, object]:
+    """(attempts, restarts, resumed_from_step) of the training behind a record: from the runtime's
+    per-attempt list when it has one, else from the last attempt's counts; None where the record
+    predates them (a resumed run then still shows its resumed_from_step)."""
+    training, figures = record.get("training") or {}, record.get("training_figures") or {}
+    attempts = training.get("attempts")
+    if attempts:
+        resumed = [a.get("resumed_from_step") for a in attempts if a.get("resumed_from_step") is not None]
+        # Every attempt but the last ended early and was started again (torchrun or Dagster).
+        return {"attempts": len(attempts), "restarts": len(attempts) - 1,
+                "resumed_from_step": resumed[-1] if resumed else None, "list": attempts}
+    restarts = training.get("restart_count")
+    return {"attempts": None if restarts is None else int(restarts) + 1, "restarts": restarts,
+            "resumed_from_step": figures.get("resumed_from_step"), "list": None}
+
+
+def attempts_summary(record: Mapping) -> str:
+    """``1 attempt, no restart`` or ``3 attempts: 1 restarted (worker killed), 2 failed ..., 3 completed,
+    resumed from step 40``: a resumed run never reads like a clean one."""
+    facts = attempt_facts(record)
+    if facts["list"]:
+        parts = []
+        for i, a in enumerate(facts["list"], start=1):
+            part = f"{i} {a.get('ended')}" + (f" ({a['reason']})" if a.get("reason") else "")
+            if a.get("resumed_from_step") is not None:
+                part += f", resumed from step {a['resumed_from_step']}"
+            if a.get("detections"):
+                part += f", {len(a['detections'])} detection(s)"
+            parts.append(part)
+        return f"{facts['attempts']} attempt(s): " + "; ".join(parts)
+    resumed = facts["resumed_from_step"]
+    tail = f", resumed from step {resumed}" if resumed is not None else ""
+    if facts["attempts"] is None:
+        return f"not recorded (the record predates attempt counts){tail}"
+    restarts = int(facts["restarts"])
+    return (f"{facts['attempts']} attempt(s), {restarts} restart(s)" if restarts else "1 attempt, no restart") + tail
 
 
 # Metrics shown first when a split has them; the rest follow in name order.
@@ -185,6 +256,18 @@ def metric_summary(metrics: Mapping) -> str:
     order = [k for k in _LEADING_METRICS if k in scalars] + sorted(k for k in scalars if k not in _LEADING_METRICS)
     text = " ".join(f"{k}={scalars[k]:.4f}" for k in order)
     return f"{text} (n={metrics.get('num_samples')})"
+
+
+def continuation_rows(record: Mapping) -> list[LineageRow]:
+    """A language model's sampled continuations of held-out text, one row each: ``"prompt" -> "what
+    the model wrote"``, whitespace folded so each stays one line."""
+    samples = (record.get("serving") or {}).get("continuations") or []
+    return [LineageRow(f"continuation {i}", f"{_one_line(s.get('prompt'))!r} -> {_one_line(s.get('continuation'))!r}")
+            for i, s in enumerate(samples, start=1)]
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
 
 
 def pod_summary(pod: Mapping) -> str:

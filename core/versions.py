@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Callable
 
+from core.lineage import lineage_bytes, lineage_sha256
 from core.registry import lineage_path, list_versions, next_version, version_prefix, version_tag
 from resources.store.base import MAIN, MergeConflictError, StoreError, VersionedStore
 
@@ -40,9 +40,9 @@ def register_version(
         prefix = version_prefix(model, version)
         for name, data in sorted(files.items()):
             store.put_object(branch, prefix + name, data)
-        record = record_for(version)
-        store.put_object(branch, lineage_path(model, version), json.dumps(record, indent=2, sort_keys=True).encode())
-        meta = {**metadata, "model_version": str(version)}
+        written = lineage_bytes(record_for(version))
+        store.put_object(branch, lineage_path(model, version), written)
+        meta = {**metadata, "model_version": str(version), "lineage_sha256": lineage_sha256(written)}
         commit = store.commit(branch, f"Register {model} v{version}", meta)
         try:
             main_head = store.merge(branch, MAIN, f"Publish {model} v{version}", meta)

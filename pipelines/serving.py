@@ -44,20 +44,11 @@ def load_model(name: str, version: int | None = None, alias: str | None = None, 
                store: VersionedStore | None = None) -> LoadedModel:
     """Version ``version`` of model ``name``, or the version ``alias`` points at, or the newest.
     ``store`` defaults to the one the CLI uses (the platform profile's)."""
-    if version is not None and alias is not None:
-        raise ValueError(f"give a version or an alias of {name!r}, not both (got v{version} and {alias!r})")
     if store is None:
         from pipelines.profiles import Profile  # deferred: it imports dagster
 
         store = Profile.from_environment().store()
-    if alias is not None:
-        read_lineage(store, name)  # an unknown model fails as such, before its alias does
-        version = read_alias(store, name, alias)["version"]
-        if version is None:
-            hint = (f"promote one with `python -m pipelines promote {name} VERSION`" if alias == PRODUCTION
-                    else f"point {alias!r} at a version first")
-            raise AliasError(f"{name} has no {alias} version yet; {hint}, or ask for a version with --version")
-    record = read_lineage(store, name, version)
+    record = resolve_version(store, name, version, alias)
     v = record["version"]
     tag, prefix = version_tag(name, v), version_prefix(name, v)
     present = {o.path[len(prefix):] for o in store.list_objects(tag, prefix=prefix)}
@@ -83,6 +74,21 @@ def load_model(name: str, version: int | None = None, alias: str | None = None, 
         loaded = load_model_dir(folder)
     loaded.source = {"model": name, "version": v, "tag": tag}
     return loaded
+
+
+def resolve_version(store: VersionedStore, name: str, version: int | None = None, alias: str | None = None) -> dict:
+    """The lineage record of version ``version`` of ``name``, or of the version ``alias`` points
+    at, or of the newest; one-line errors that say what exists."""
+    if version is not None and alias is not None:
+        raise ValueError(f"give a version or an alias of {name!r}, not both (got v{version} and {alias!r})")
+    if alias is not None:
+        read_lineage(store, name)  # an unknown model fails as such, before its alias does
+        version = read_alias(store, name, alias)["version"]
+        if version is None:
+            hint = (f"promote one with `python -m pipelines promote {name} VERSION`" if alias == PRODUCTION
+                    else f"point {alias!r} at a version first")
+            raise AliasError(f"{name} has no {alias} version yet; {hint}, or ask for a version with --version")
+    return read_lineage(store, name, version)
 
 
 # --- predicting --------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.lineage import scalar_metrics
+from core.lineage import attempt_facts, scalar_metrics
 from resources.store.base import VersionedStore
 
 # Where a version's files were written is no parameter of it; its data shows as commits instead.
@@ -67,8 +67,22 @@ def experiment(record: dict) -> dict[str, object]:
     return out
 
 
+def attempts(record: dict) -> dict[str, object]:
+    """How the training got to its weights: attempts, restarts and the step the last one resumed
+    from, so a resumed version never compares as identical to a clean one. "not recorded" for
+    records older than attempt counts."""
+    facts = attempt_facts(record)
+    out: dict[str, object] = {
+        "attempts": facts["attempts"] if facts["attempts"] is not None else "not recorded",
+        "restarts": facts["restarts"] if facts["restarts"] is not None else "not recorded",
+        "resumed from step": facts["resumed_from_step"]}
+    for i, a in enumerate(facts["list"] or [], start=1):
+        out[f"attempt {i}"] = f"{a.get('ended')}" + (f" ({a['reason']})" if a.get("reason") else "")
+    return out
+
+
 SECTIONS = (("overrides and sweep", experiment), ("parameters", parameters), ("metrics", metrics),
-            ("data and code", data_facts))
+            ("attempts", attempts), ("data and code", data_facts))
 
 
 def compare_rows(records: list[dict]) -> list[tuple[str, str, list[object], bool]]:

@@ -16,10 +16,12 @@ from core.lineage import scalar_metrics
 from core.registry import read_lineage, version_prefix, version_tag
 from pipelines.cli.errors import ReproductionError
 from pipelines.cli.render import format_reproduction
-from pipelines.profiles import REPO_ROOT, Profile
+from pipelines.profiles import Profile
 
-# The parts of the recorded config the training runtime reads.
-RUNTIME_KEYS = ("model", "data", "train", "checkpoint", "output_dir", "telemetry", "task", "train_fn", "validation")
+# The parts of the recorded config the training runtime reads (guards too: skipping non-finite
+# batches changes the weights).
+RUNTIME_KEYS = ("model", "data", "train", "checkpoint", "output_dir", "telemetry", "task", "train_fn", "validation",
+                "guards")
 # A version's weights: safetensors since model cards; weights.pt (a pickled state dict) before.
 WEIGHT_FILES = ("model.safetensors", "weights.pt")
 
@@ -70,11 +72,14 @@ def max_weight_difference(a: dict, b: dict) -> float:
     return max((float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].numel()), default=0.0)
 
 
-def reproduction_rows(original: dict, repro: dict, tolerance: float) -> list[tuple[str, object, object, bool | None]]:
+def reproduction_rows(original: dict, repro: dict, tolerance: float,
+                      exact: bool = False) -> list[tuple[str, object, object, bool | None]]:
     """(figure, original, reproduction, within tolerance); None marks a figure shown for information.
 
-    Training with several ranks sums gradients in an order that can change between runs, so
-    weights may differ in the last bits while every figure agrees; the weights rows say how much.
+    Training with several ranks sums gradients in an order that can change between runs (NCCL on
+    GPUs), so weights may differ in the last bits while every figure agrees; the weights rows say
+    how much. With ``exact`` (the same machine and code: gloo on CPU is deterministic) the weights
+    must be the same bytes: their sha256 and a zero difference are judged too.
     """
     pairs = [("final training loss", original["training_figures"].get("final_loss"), repro["final_loss"]),
              ("steps", original["training_figures"].get("steps"), repro["steps"])]
@@ -85,22 +90,25 @@ def reproduction_rows(original: dict, repro: dict, tolerance: float) -> list[tup
     for name, a, b in pairs:
         numeric = isinstance(a, (int, float)) and isinstance(b, (int, float))
         rows.append((name, a, b, math.isclose(a, b, rel_tol=0.0, abs_tol=tolerance) if numeric else a == b))
-    rows.append(("weights sha256", original["checkpoint"]["sha256"], repro["weights_sha256"], None))
-    rows.append(("max |weight difference|", 0.0, repro["max_weight_difference"], None))
+    rows.append(("weights sha256", original["checkpoint"]["sha256"], repro["weights_sha256"],
+                 original["checkpoint"]["sha256"] == repro["weights_sha256"] if exact else None))
+    rows.append(("max |weight difference|", 0.0, repro["max_weight_difference"],
+                 repro["max_weight_difference"] == 0.0 if exact else None))
     return rows
 
 
-def run_torchrun(config: dict, world_size: int, work_dir: Path) -> Path:
-    """Train with torchrun on this machine, as the local launcher does; return the output dir."""
+def run_torchrun(config: dict, world_size: int, work_dir: Path, python_path: tuple[str, ...] = ()) -> Path:
+    """Train with torchrun on this machine, as the local launcher does; return the output dir.
+    ``python_path``: the folders the pipeline's code location imports its own code from."""
     from resources.launch.base import TrainingJob
-    from resources.launch.local import torchrun_command
+    from resources.launch.local import torchrun_command, worker_python_path
 
     work_dir.mkdir(parents=True, exist_ok=True)
     config_path = work_dir / "config.json"
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
     job = TrainingJob(name=work_dir.name, config=config, nproc_per_node=world_size, max_restarts=0)
     env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join(p for p in [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")] if p),
+           "PYTHONPATH": worker_python_path(python_path),
            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, world_size)))}
     env.pop("DAGSTER_PIPES_CONTEXT", None)
     log = work_dir / "torchrun.log"
@@ -117,9 +125,14 @@ def reproduce_command(args: argparse.Namespace) -> int:
     from core.pinned_shards import read_pinned_shards
     from training_runtime.serve.evaluate import evaluate
 
+    from pipelines.cli.lookup import model_code, require_model
+
     profile = Profile.from_environment()
     store = profile.store()
+    require_model(args, store)
     record = read_lineage(store, args.model, args.version)
+    # A team's training function, task or model factory: imported as its code location imports it.
+    python_path = model_code(args, args.model, record["training"]["config"])
     shards_commit = record["data"]["shards_commit"]
     manifest_path = record["data"]["manifest_path"]
     pinned = read_pinned_shards(store, shards_commit, manifest_path)
@@ -132,8 +145,13 @@ def reproduce_command(args: argparse.Namespace) -> int:
     world_size = int(record["training"]["world_size"])
     print(f"Reproducing {args.model} v{record['version']}: shards commit {shards_commit[:12]}, "
           f"seed {record['training']['seed']}, {world_size} rank(s), work dir {work_dir}", flush=True)
-    output = run_torchrun(config, world_size, work_dir.resolve())
+    output = run_torchrun(config, world_size, work_dir.resolve(), python_path)
     trained = json.loads((output / "metrics.json").read_text())
+    tokenizer = manifest.get("tokenizer") or {}
+    if tokenizer.get("kind") == "bpe":  # ships beside the shards; the card needs it to load the model
+        shard_dir = manifest_path.rsplit("/", 1)[0] + "/"
+        name = tokenizer.get("path", "tokenizer.json")
+        store.download(shards_commit, shard_dir + name, output / name)
     weights = (output / WEIGHT_FILES[0]).read_bytes()
     tag, prefix = version_tag(args.model, record["version"]), version_prefix(args.model, record["version"])
     held = {o.path[len(prefix):] for o in store.list_objects(tag, prefix=prefix)}
@@ -146,7 +164,7 @@ def reproduce_command(args: argparse.Namespace) -> int:
              "max_weight_difference": max_weight_difference(original_state, load_state(weights, WEIGHT_FILES[0])),
              "test": evaluate(output, manifest, locations, split="test", s3_endpoint_url=endpoint),
              "validation": evaluate(output, manifest, locations, split="validation", s3_endpoint_url=endpoint)}
-    rows = reproduction_rows(record, repro, args.tolerance)
+    rows = reproduction_rows(record, repro, args.tolerance, exact=getattr(args, "exact", False))
     print(format_reproduction(record, rows, args.tolerance))
     (work_dir / "reproduction.json").write_text(json.dumps(
         {"model": args.model, "version": record["version"], "original_run": record["dagster"]["run_id"],
@@ -157,6 +175,8 @@ def reproduce_command(args: argparse.Namespace) -> int:
         print(f"error: the reproduction differs from v{record['version']} in {', '.join(differing)} "
               f"(tolerance {args.tolerance:g})", file=sys.stderr)
         return 1
-    print(f"Reproduced: every figure matches within {args.tolerance:g}. Not registered as a new version; "
+    same_bytes = ", and the weights are the same bytes (sha256 " + repro["weights_sha256"][:12] + ")" \
+        if getattr(args, "exact", False) else ""
+    print(f"Reproduced: every figure matches within {args.tolerance:g}{same_bytes}. Not registered as a new version; "
           f"the outputs stay in {work_dir}")
     return 0

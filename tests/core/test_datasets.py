@@ -1,7 +1,9 @@
-"""Dataset versions: ``<dataset>-d<N>`` tags on published shards commits, their listing and resolution.
+"""Dataset versions: ``<dataset>-d<N>`` tags on published shards commits (one version, one commit),
+their reuse, listing and resolution.
 
 Real pipelines publishing versions: tests/teams (a model's registration, d1 then d2 on changed
-data; a dataset pipeline run twice on the same data keeping d1) and tests/cli (``datasets``)."""
+data; a dataset pipeline run twice on the same data keeping d1), tests/pipeline/test_dataset_reuse.py
+(reuse without ingesting, after a failed gate too) and tests/cli (``datasets``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 
 from core.datasets import (DataCheck, UnknownDatasetVersionError, dataset_tag, dataset_tags, list_dataset_versions,
                            parse_dataset_tag, plan_dataset_version, published_datasets, resolve_dataset_version,
-                           tag_published_dataset)
+                           reusable_version, tag_published_dataset, version_disagreements)
 from core.versions import register_version
 from resources.store.base import MAIN, StoreError
 from resources.store.local import LocalVersionedStore
@@ -29,7 +31,7 @@ def _store(tmp_path, repository="repo") -> LocalVersionedStore:
 
 
 def _publish_shards(store, run: str, dataset: str = "digits", samples=(8, 2, 2), source_commit: str = "raw-1",
-                    shards_passed: bool = True) -> str:
+                    shards_passed: bool = True, data_key: dict | None = None) -> str:
     """Commit shards, a manifest and validation reports on ``run-<run>``, merge into main; the shards commit."""
     branch = f"run-{run}"
     store.create_branch(branch, MAIN)
@@ -40,7 +42,8 @@ def _publish_shards(store, run: str, dataset: str = "digits", samples=(8, 2, 2),
         store.put_object(branch, prefix + f"{split}/00000.bin", data)
         splits[split] = {"num_samples": n, "shards": [{"path": f"{split}/00000.bin", "num_samples": n,
                                                       "sha256": hashlib.sha256(data).hexdigest()}]}
-    manifest = {"format": "model-factory.shards/v1", "splits": splits, "source_commit": source_commit}
+    manifest = {"format": "model-factory.shards/v1", "splits": splits, "source_commit": source_commit,
+                **({"data_key": data_key} if data_key else {})}
     store.put_object(branch, prefix + "manifest.json", json.dumps(manifest, sort_keys=True).encode())
     for asset, passed, evaluated in (("raw_dataset", True, 9), ("shards", shards_passed, 8)):
         report = {"asset": f"{dataset}/{asset}", "passed": passed, "evaluated": evaluated,
@@ -100,17 +103,19 @@ def test_new_data_gets_the_next_number_and_tagging_again_is_idempotent(tmp_path)
     assert dataset_tags(s, "digits") == {1: first, 2: second}
 
 
-def test_unchanged_shards_at_a_later_commit_keep_the_newest_version(tmp_path):
-    """A rerun on the same source makes a new shards commit whose manifest only names a newer raw commit."""
+def test_a_version_names_one_commit_so_equal_shards_at_another_commit_are_a_new_version(tmp_path):
+    """A run that did not reuse the version (its data key differed: other code, say) made a new
+    commit; even with the same shard bytes it is a new version, never a second commit of d1."""
     s = _store(tmp_path)
     first = _publish_shards(s, "a", source_commit="raw-1")
     assert tag_published_dataset(s, "digits", first) == "digits-d1"
     again = _publish_shards(s, "b", source_commit="raw-2")
     assert again != first
 
-    assert plan_dataset_version(s, "digits", again) == "digits-d1"
-    assert tag_published_dataset(s, "digits", again) == "digits-d1"
-    assert dataset_tags(s, "digits") == {1: first}
+    assert plan_dataset_version(s, "digits", again) == "digits-d2"
+    assert tag_published_dataset(s, "digits", again) == "digits-d2"
+    assert plan_dataset_version(s, "digits", first) == "digits-d1"  # a retry on d1's commit keeps d1
+    assert dataset_tags(s, "digits") == {1: first, 2: again}
 
 
 def test_data_returning_to_an_older_version_is_a_new_version(tmp_path):
@@ -207,6 +212,50 @@ def test_a_tag_a_published_record_claims_is_created_before_numbering_new_data(tm
     assert dataset_tags(s, "digits") == {1: first, 2: second}
 
 
+# --- reusing --------------------------------------------------------------------------------------------
+def _key(sources="s1", parameters="p1", code="c1") -> dict:
+    return {"sha256": f"{sources}-{parameters}-{code}", "sources": sources, "parameters": parameters, "code": code}
+
+
+def test_the_newest_version_with_the_same_data_key_is_reused_and_other_keys_say_what_changed(tmp_path):
+    s = _store(tmp_path)
+    assert reusable_version(s, "digits", _key()).changed == ("no published version",)
+    first = _publish_shards(s, "a", data_key=_key())
+    tag_published_dataset(s, "digits", first)
+
+    same = reusable_version(s, "digits", _key())
+    assert (same.tag, same.commit_id, same.manifest["source_commit"]) == ("digits-d1", first, "raw-1")
+    other = reusable_version(s, "digits", _key(code="c2"))
+    assert (other.tag, other.changed, other.newest) == (None, ("code",), "digits-d1")
+    assert reusable_version(s, "digits", _key(sources="s2", parameters="p2")).changed == ("sources", "parameters")
+
+    # Only the newest version counts: data back at d1's content is new data (main holds d2's).
+    second = _publish_shards(s, "b", samples=(9, 2, 2), data_key=_key(sources="s2"))
+    tag_published_dataset(s, "digits", second)
+    assert reusable_version(s, "digits", _key()).tag is None
+    assert reusable_version(s, "digits", _key(sources="s2")).commit_id == second
+
+
+def test_a_version_without_a_data_key_or_with_a_failed_report_is_not_reused(tmp_path):
+    s = _store(tmp_path)
+    tag_published_dataset(s, "digits", _publish_shards(s, "a"))  # shards made before data keys
+    assert reusable_version(s, "digits", _key()).changed == ("sources", "parameters", "code")
+    tag_published_dataset(s, "digits", _publish_shards(s, "b", samples=(9, 2, 2), shards_passed=False,
+                                                       data_key=_key()))
+    assert reusable_version(s, "digits", _key()).changed == ("checks",)
+
+
+def test_records_naming_a_version_beside_another_commit_are_listed(tmp_path):
+    """What stores from before exact versions may hold: d1 named beside a later, equal commit."""
+    s = _store(tmp_path)
+    first = _publish_shards(s, "a")
+    tag_published_dataset(s, "digits", first)
+    later = _publish_shards(s, "b", source_commit="raw-2")
+    _register(s, "digits", later, dataset_version="digits-d1")
+    assert version_disagreements(s, "digits") == [
+        f"digits v1 names digits-d1 (commit {first[:12]}) but trained on commit {later[:12]}"]
+
+
 # --- listing ---------------------------------------------------------------------------------------------
 def test_listing_shows_counts_checks_and_the_model_versions_trained_on_each(tmp_path):
     s = _store(tmp_path)
@@ -214,8 +263,7 @@ def test_listing_shows_counts_checks_and_the_model_versions_trained_on_each(tmp_
     _register(s, "digits", first)  # a record from before dataset versions: matched by its shards commit
     assert tag_published_dataset(s, "digits", first) == "digits-d1"
     _register(s, "digits_cnn", first, dataset_version="digits-d1")
-    rerun = _publish_shards(s, "b", samples=(8, 2, 2), source_commit="raw-2")  # same data, later commit
-    _register(s, "digits", rerun, dataset_version=tag_published_dataset(s, "digits", rerun))
+    _register(s, "digits", first, dataset_version=tag_published_dataset(s, "digits", first))  # retrained, reused
     second = _publish_shards(s, "c", samples=(9, 3, 2), source_commit="raw-3", shards_passed=False)
     _register(s, "digits", second, dataset_version=tag_published_dataset(s, "digits", second))
     wine = _publish_shards(s, "d", dataset="wine")
@@ -232,6 +280,7 @@ def test_listing_shows_counts_checks_and_the_model_versions_trained_on_each(tmp_
     assert (v2.tag, v2.commit_id, v2.num_samples) == ("digits-d2", second, {"train": 9, "validation": 3, "test": 2})
     assert v2.checks["shards"] == DataCheck(passed=False, expectations=8, failed=1)
     assert v2.models == ("digits v3",)
+    assert version_disagreements(s, "digits") == []
     assert json.loads(json.dumps(v2.to_dict()))["checks"]["shards"]["passed"] is False
     assert [v.models for v in list_dataset_versions(s, "wine")] == [("wine v1",)]
     assert list_dataset_versions(s, "digits_cnn") == []

@@ -1,6 +1,7 @@
 """The shipped non-classification pipelines end to end (real Dagster runs, real torchrun with 2
 gloo ranks, small recipes): each registers a version whose files alone give back its figures
-through ``load_model`` and ``predict``, with an ONNX export checked against PyTorch."""
+through ``load_model`` and ``predict``, with an ONNX export checked against PyTorch, and which
+``reproduce --exact`` trains again to the same bytes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pipelines.models.digits import digits_pipeline, write_digits_source
 from pipelines.models.pydoc_corpus import pydoc_corpus, pydoc_lm, write_pydoc_source
 from pipelines.serving import load_model, predict
 from tests.pipeline.conftest import failure_messages
+from tests.pipeline.reproduction import assert_reproduced_exactly
 from training_runtime.data.shards import resolve_shards
 from training_runtime.data.split import open_split
 
@@ -74,6 +76,9 @@ def test_regression_version_serves_its_own_test_figures_from_the_card_alone(plat
     rows_ = {(s, f): v for s, f, v, _ in compare_rows([record])}
     assert rows_[("metrics", "test r2")] == [test["r2"]] and rows_[("metrics", "test mae")] == [test["mae"]]
 
+    # reproduce retrains it from the lineage record alone: the same figures, the same bytes.
+    assert_reproduced_exactly(platform, "diabetes_mlp", "test r2")
+
 
 def test_language_model_version_records_perplexity_samples_and_serves_text(platform):
     write_pydoc_source(platform.sources)
@@ -97,6 +102,10 @@ def test_language_model_version_records_perplexity_samples_and_serves_text(platf
     out = predict(loaded, "The assert statement", max_new_tokens=12, seed=3)
     again = predict(loaded, "The assert statement", max_new_tokens=12, seed=3)
     assert out == again and out[0]["prompt"] == "The assert statement" and out[0]["continuation"]
+
+    # reproduce retrains it from the lineage record alone (its tokenizer beside the shards):
+    # the same figures, the same bytes.
+    assert_reproduced_exactly(platform, "pydoc_lm", "test perplexity")
 
 
 def test_a_pipeline_with_its_own_training_loop_and_task_registers_by_its_own_metric(platform):
