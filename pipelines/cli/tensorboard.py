@@ -4,6 +4,10 @@ Each version's lineage record names the artifact folder of its training run's ev
 (``checkpoint.tensorboard_path``, written by the training op). The command copies them into a
 local log directory, one subdirectory per version (``v1``, ``v2``, ...: TensorBoard's run
 names), and serves it with the ``tensorboard`` server, or with ``--no-serve`` only prepares it.
+
+Runs in progress are watched in the platform's own TensorBoard over the artifact store (``make
+ui``, pipelines/local_ui.py; the chart's on Kubernetes), which each run links to
+(ops/live_tensorboard.py). ``server_command`` is how every one of them starts the server.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from resources.artifacts.base import ArtifactStore
 from resources.store.base import VersionedStore
 
 DEFAULT_PORT = 6006  # TensorBoard's own default
+DEFAULT_RELOAD_S = 5  # TensorBoard's own default: how often it looks for new events
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,10 @@ def prepare_logdir(store: VersionedStore, artifacts: ArtifactStore, model: str, 
 
 
 def tensorboard_command(args: argparse.Namespace) -> int:
+    from pipelines.cli.lookup import require_model
+
     profile = Profile.from_environment()
+    require_model(args, profile.store())
     logdir = Path(args.logdir).absolute() if args.logdir else default_logdir(profile, args.model)
     prepared = prepare_logdir(profile.store(), profile.resources()["artifacts"].get(), args.model, logdir,
                               args.versions)
@@ -99,8 +107,25 @@ def serve(logdir: Path, host: str, port: int) -> int:
     # Bound to every address, the server is reached by this machine's name.
     shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
     print(f"TensorBoard: http://{shown}:{port}/#timeseries (Ctrl+C stops it)", flush=True)
-    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", host, "--port", str(port)]
     try:
-        return subprocess.run(cmd).returncode
+        return subprocess.run(server_command(str(logdir), host=host, port=port)).returncode
     except KeyboardInterrupt:
         return 0  # the server got the same Ctrl+C and stopped
+
+
+def server_args(logdir: str, *, host: str, port: int, reload_s: int = DEFAULT_RELOAD_S,
+                path_prefix: str = "") -> list[str]:
+    """The ``tensorboard`` server's arguments, here and in the Helm chart's Deployment
+    (tests/k8s/test_tensorboard_chart.py holds them equal). ``logdir`` is a folder or an ``s3://``
+    URI. The Python loader (``--load_fast=false``) reads both (S3 through boto3, no TensorFlow
+    needed) and reopens each file at every reload, so a file the live copy replaces
+    (ops/tensorboard_events.EventFileSync) is read on; TensorBoard's Rust loader reads no S3, and
+    one loader everywhere keeps the local server what the chart runs."""
+    args = [f"--logdir={logdir}", f"--host={host}", f"--port={port}", "--load_fast=false",
+            f"--reload_interval={reload_s}"]
+    return args + ([f"--path_prefix={path_prefix}"] if path_prefix else [])
+
+
+def server_command(logdir: str, **kwargs) -> list[str]:
+    """This environment's TensorBoard server on ``logdir`` (``server_args`` for the rest)."""
+    return [sys.executable, "-m", "tensorboard.main", *server_args(logdir, **kwargs)]

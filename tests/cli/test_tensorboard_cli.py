@@ -92,7 +92,7 @@ def test_an_unknown_model_or_version_is_a_one_line_error(cli):
     code, _, err = cli("tensorboard", "toy", "--no-serve", "--versions", "9")
     assert code == 2 and err.strip() == "error: model 'toy' has no version 9; registered versions: 1, 2, 3"
     code, _, err = cli("tensorboard", "nope", "--no-serve")
-    assert code == 2 and err.startswith("error: model 'nope' has no registered versions")
+    assert code == 2 and err.startswith("error: no pipeline named 'nope' in code location(s) platform, vision")
 
 
 

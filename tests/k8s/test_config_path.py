@@ -28,7 +28,9 @@ VALUES = {
         "clusterDomain": "corp.internal",
         "rdma": {"enabled": True, "resourceName": "rdma/ib", "hca": "mlx5", "gdrLevel": "PHB"},
     },
-    "secrets": {"s3": {"name": "team-s3"}, "lakefs": {"name": "team-lakefs"}},
+    # The training pods' keys are trainingName; name is the orchestrator's, which they never get.
+    "secrets": {"s3": {"name": "orchestrator-s3", "trainingName": "team-s3"},
+                "lakefs": {"name": "orchestrator-lakefs", "trainingName": "team-lakefs"}},
     "priorityClasses": {"training": {"name": "team-retrain"}, "adhoc": {"name": "team-experiment"}},
 }
 PIPES = {"DAGSTER_PIPES_CONTEXT": "e30=", "DAGSTER_PIPES_MESSAGES": "e30="}
@@ -125,7 +127,7 @@ def test_the_resource_carries_only_the_charts_settings(chart):
                "LAKEFS_SECRET_ACCESS_KEY": "secret", "HOME": "/home/dagster"}
     kept = platform_environ(environ)
     assert "MODEL_FACTORY_ALERT_WEBHOOK_URL" not in kept and "LAKEFS_SECRET_ACCESS_KEY" not in kept
-    assert "HOME" not in kept and kept["MODEL_FACTORY_LAKEFS_SECRET"] == "team-lakefs"
+    assert "HOME" not in kept and kept["MODEL_FACTORY_TRAINING_LAKEFS_SECRET"] == "team-lakefs"
     assert platform_settings(kept) == platform_settings(environ)
 
 

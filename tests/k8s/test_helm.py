@@ -54,8 +54,11 @@ def test_chart_lints_without_errors():
          "rbac": {"nodeReader": {"enabled": False}}, "sharedVolume": {"create": False}},
         {"sharedVolume": {"storageClassName": "efs-sc", "size": "2Ti"},
          "training": {"imagePullSecrets": ["regcred"]}},
+        {"authProxy": {"enabled": False}},
+        {"authProxy": {"ingress": {"enabled": False}, "allowedGroups": ["ml-platform"], "emailDomains": ["*"]},
+         "serviceAccounts": {"trainingAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/training"}}},
     ],
-    ids=["defaults", "own-namespace", "minimal", "storage-class"],
+    ids=["defaults", "own-namespace", "minimal", "storage-class", "no-auth-proxy", "groups-and-irsa"],
 )
 def test_every_rendered_manifest_validates(values):
     docs = render(values)
@@ -68,6 +71,10 @@ def test_expected_objects(default_docs):
         "ConfigMap", "LimitRange", "PersistentVolumeClaim", "PriorityClass", "PriorityClass",
         "ResourceQuota", "Role", "RoleBinding", "ServiceAccount", "ClusterRole",
         "ClusterRoleBinding",
+        # The authenticating proxy (tests/k8s/test_auth_proxy.py).
+        "ServiceAccount", "Deployment", "Service", "Ingress", "NetworkPolicy",
+        # The platform's TensorBoard behind it (templates/tensorboard*.yaml).
+        "ServiceAccount", "Deployment", "Service", "NetworkPolicy",
     ])
     for d in default_docs:
         if d["kind"] not in ("PriorityClass", "ClusterRole", "ClusterRoleBinding", "Namespace"):
@@ -120,9 +127,18 @@ def test_without_node_reader_nothing_is_cluster_wide():
     assert not [d for d in docs if d["kind"] in cluster_scoped]
 
 
-def test_training_service_account_has_no_token(default_docs):
-    (sa,) = by_kind(default_docs, "ServiceAccount")
-    assert sa["automountServiceAccountToken"] is False
+def test_no_service_account_of_the_chart_mounts_a_token(default_docs):
+    accounts = {sa["metadata"]["name"]: sa for sa in by_kind(default_docs, "ServiceAccount")}
+    assert {"model-factory-training", "mf-auth-proxy"} <= set(accounts)
+    assert all(sa["automountServiceAccountToken"] is False for sa in accounts.values())
+    assert "annotations" not in accounts["model-factory-training"]["metadata"]
+
+
+def test_the_training_service_account_can_carry_its_cloud_role():
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/model-factory-training"}
+    docs = render({"serviceAccounts": {"trainingAnnotations": role}})
+    (sa,) = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == "model-factory-training"]
+    assert sa["metadata"]["annotations"] == role
 
 
 def test_namespace_enforces_pod_security_when_created():
@@ -139,6 +155,8 @@ def test_secrets_are_named_never_valued(default_docs):
     (cm,) = by_kind(default_docs, "ConfigMap")
     assert cm["data"]["MODEL_FACTORY_S3_SECRET"] == "model-factory-s3"
     assert cm["data"]["MODEL_FACTORY_LAKEFS_SECRET"] == "model-factory-lakefs"
+    assert cm["data"]["MODEL_FACTORY_TRAINING_S3_SECRET"] == "model-factory-s3-training"
+    assert cm["data"]["MODEL_FACTORY_TRAINING_LAKEFS_SECRET"] == "model-factory-lakefs-training"
     text = yaml.safe_dump_all(default_docs)
     for needle in ("AWS_SECRET_ACCESS_KEY:", "password", "LAKEFS_SECRET_ACCESS_KEY:", "stringData"):
         assert needle not in text
@@ -160,7 +178,9 @@ def test_configmap_feeds_the_launcher_settings(default_docs):
     assert settings.shared_claim == "model-factory-shared"
     assert settings.shared_mount_path == "/mnt/training"
     assert settings.image == "registry.example.com/model-factory/training:0.1.0"
-    assert {s.secret for s in settings.secret_env} == {"model-factory-s3"}
+    # Training pods get the training keys, never the orchestrator's (tests/k8s/test_storage_keys.py).
+    assert {s.secret for s in settings.secret_env} == {"model-factory-s3-training"}
+    assert {s.secret for s in settings.lakefs_secret_env} == {"model-factory-lakefs-training"}
     assert cm["data"]["PLATFORM_PROFILE"] == "kubernetes"
 
 

@@ -13,23 +13,20 @@ The webserver serves digits alone, trained for one epoch on one rank
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from core.overrides import OVERRIDES_TAG
 from core.registry import read_lineage
-from pipelines.models.digits import write_digits_source
 from pipelines.profiles import Profile
-from tests.cli.demo_platform import INSTANCE_YAML
+from tests.ui.browser import ARTIFACTS, home_env, write_home
 from tests.ui.override_definitions import QUICK_DIGITS, QUICK_WINE
-from tests.ui.test_ui import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS
-from tests.ui.webserver import REPO, running_webserver
+from tests.ui.webserver import running_webserver
 
 pytestmark = pytest.mark.slow
 
@@ -37,14 +34,6 @@ LOCATION = "overrides"
 JOB = "digits_training"
 TRAINING_NODE, TRAINING_OP = "digits__checkpoint", "digits_distributed_training"
 LR, SEED = 0.005, 1  # the override; the pipeline's own values differ (asserted below)
-WORKSPACE = f"""\
-load_from:
-  - python_module:
-      module_name: tests.ui.override_definitions
-      attribute: defs
-      location_name: {LOCATION}
-      working_directory: {REPO}
-"""
 WAIT_S = 600.0  # ingest, sharding, a torchrun start and the evaluation, on two busy cores
 FINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
@@ -57,42 +46,15 @@ def run_config_yaml(train: str) -> str:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("launchpad")
-    home = root / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(INSTANCE_YAML)  # telemetry off; runs launch without a daemon
-    write_digits_source(home / "platform" / "sources")
-    (root / "workspace.yaml").write_text(WORKSPACE)
-    return home
+    return write_home(tmp_path_factory.mktemp("launchpad"), "tests.ui.override_definitions", LOCATION)
 
 
 @pytest.fixture(scope="module")
 def ui_url(home):
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PLATFORM_PROFILE")}
-    env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with running_webserver(env, ARTIFACTS / "launchpad_webserver.log", workspace=home.parent / "workspace.yaml") as url:
+    with running_webserver(home_env(home), ARTIFACTS / "launchpad_webserver.log",
+                           workspace=home.parent / "workspace.yaml") as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser(ui_url):
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser) -> Page:
-    context = browser.new_context(viewport={"width": 1600, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    expect.set_options(timeout=UI_TIMEOUT_MS)
-    # A new instance greets with "Join the Dagster community" over the page; skip it whenever it shows.
-    page.add_locator_handler(page.get_by_role("button", name="Skip"), lambda skip: skip.click())
-    yield page
-    context.close()
 
 
 def open_launchpad(page: Page, ui_url: str) -> None:

@@ -9,31 +9,20 @@ events, observations included) and takes a screenshot: ``test-artifacts/ui/live_
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
 from dagster_graphql import DagsterGraphQLClient
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
-from pipelines.models.digits import write_digits_source
-from tests.cli.demo_platform import INSTANCE_YAML
-from tests.ui.test_ui import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS
-from tests.ui.webserver import REPO, running_webserver
+from tests.ui.browser import ARTIFACTS, home_env, new_page, write_home
+from tests.ui.webserver import running_webserver
 
 pytestmark = pytest.mark.slow
 
 CHECKPOINT = dg.AssetKey(["digits", "checkpoint"])
-WORKSPACE = f"""\
-load_from:
-  - python_module:
-      module_name: tests.ui.live_definitions
-      attribute: defs
-      location_name: live
-      working_directory: {REPO}
-"""
 FIRST_POINTS = 3  # observations in the event log before the plots are first opened
 MORE_POINTS = 6  # ...and how many more before they are opened again
 WAIT_S = 600.0  # ingest and sharding come first; two busy cores are slow
@@ -42,12 +31,7 @@ FINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRun
 
 @pytest.fixture
 def home(tmp_path) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(INSTANCE_YAML)  # telemetry off; runs launch without a daemon
-    write_digits_source(home / "platform" / "sources")
-    (tmp_path / "workspace.yaml").write_text(WORKSPACE)
-    return home
+    return write_home(tmp_path, "tests.ui.live_definitions", "live")
 
 
 def _observations(instance: dg.DagsterInstance, run_id: str) -> int:
@@ -87,21 +71,16 @@ def _charted_steps(page: Page, url: str) -> list[int]:
     return sorted(steps)
 
 
-def test_the_checkpoint_plots_grow_while_the_training_runs(home, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PLATFORM_PROFILE")}
-    env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO))
+def test_the_checkpoint_plots_grow_while_the_training_runs(home, tmp_path, browser):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with running_webserver(env, ARTIFACTS / "live_webserver.log", workspace=tmp_path / "workspace.yaml") as url, \
-            dg.DagsterInstance.from_config(str(home)) as instance, sync_playwright() as p:
+    with running_webserver(home_env(home), ARTIFACTS / "live_webserver.log",
+                           workspace=tmp_path / "workspace.yaml") as url, \
+            dg.DagsterInstance.from_config(str(home)) as instance:
         host, port = url.removeprefix("http://").split(":")
         client = DagsterGraphQLClient(host, port_number=int(port), timeout=120)
         run_id = client.submit_job_execution("digits_training", tags={"submitted-by": "live-plots-test"})
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = new_page(browser, 1400, 1000)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            expect.set_options(timeout=UI_TIMEOUT_MS)
-            page.add_locator_handler(page.get_by_role("button", name="Skip"), lambda skip: skip.click())
             plots = f"{url}/assets/{'/'.join(CHECKPOINT.path)}"
 
             _wait_for_observations(instance, run_id, FIRST_POINTS)
@@ -114,7 +93,7 @@ def test_the_checkpoint_plots_grow_while_the_training_runs(home, tmp_path):
             page.screenshot(path=ARTIFACTS / "live_plots_2.png")
             assert instance.get_run_by_id(run_id).status not in FINAL
         finally:
-            browser.close()
+            page.context.close()
         assert len(first) >= FIRST_POINTS, first
         # The second view charts points the first could not: the curve grew (the view holds the
         # last 100 events, so once past that its count stays, but its newest step still moves on).

@@ -13,11 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from tests.cli.demo_platform import shared_demo_platform
 from tests.support.ports import free_ports
-from tests.ui.test_ui import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, UI_TIMEOUT_MS
+from tests.ui.browser import ARTIFACTS, new_page
 from tests.ui.webserver import REPO, _stop_group
 
 pytestmark = pytest.mark.slow
@@ -61,23 +61,20 @@ def _wait_for_runs(proc: subprocess.Popen, url: str, runs: set[str], log_path: P
                        f"{log_path.read_text()[-3000:]}")
 
 
-def test_the_scalars_page_shows_the_training_loss_of_both_versions(tensorboard_url):
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            expect.set_options(timeout=UI_TIMEOUT_MS)
-            # The scalars dashboard, training figures only, unsmoothed (state lives in the URL's hash).
-            page.goto(f"{tensorboard_url}/#scalars&tagFilter=%5Etrain%2F(loss%7Clr)%24&_smoothingWeight=0")
-            expect(page.get_by_text("tag: train/loss", exact=True)).to_be_visible()
-            expect(page.get_by_text("tag: train/lr", exact=True)).to_be_visible()
-            for run in ("v1", "v2"):  # one run per version in the run selector
-                expect(page.get_by_text(run, exact=True).first).to_be_visible()
-            # The card's chart draws one line per run once the scalars arrive.
-            card = page.locator("tf-scalar-card").filter(has_text="tag: train/loss")
-            expect(card.locator("svg path.line")).to_have_count(2)
-            page.wait_for_load_state("networkidle")
-            page.screenshot(path=ARTIFACTS / "tensorboard.png")
-        finally:
-            browser.close()
+def test_the_scalars_page_shows_the_training_loss_of_both_versions(tensorboard_url, browser):
+    page = new_page(browser, 1400, 900)
+    try:
+        # The scalars dashboard, training figures only, unsmoothed (state lives in the URL's hash).
+        page.goto(f"{tensorboard_url}/#scalars&tagFilter=%5Etrain%2F(loss%7Clr)%24&_smoothingWeight=0")
+        # Each card's heading is its tag (the "tag: ..." subtitle only shows when a display name differs).
+        expect(page.locator("tf-scalar-card").get_by_text("train/loss", exact=True)).to_be_visible()
+        expect(page.locator("tf-scalar-card").get_by_text("train/lr", exact=True)).to_be_visible()
+        for run in ("v1", "v2"):  # one run per version in the run selector
+            expect(page.get_by_text(run, exact=True).first).to_be_visible()
+        # The card's chart draws one line per run once the scalars arrive.
+        card = page.locator("tf-scalar-card").filter(has=page.get_by_text("train/loss", exact=True))
+        expect(card.locator("svg path.line")).to_have_count(2)
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=ARTIFACTS / "tensorboard.png")
+    finally:
+        page.context.close()
