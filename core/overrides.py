@@ -7,22 +7,24 @@ run uses; it is validated by ``PipelineSpec`` itself, so an override fails with 
 as the pipeline's own field would. ``override_record`` is what the lineage keeps: what the pipeline
 said and what the run used, per overridden field.
 
-Sections: ``train`` (every ``Recipe`` field), ``model`` (the model factory's keyword arguments) and
-``gate`` (``<split>_<metric>: {min, max}`` bounds).
+Sections: ``train`` (every ``Recipe`` field), ``model`` (the model factory's keyword arguments),
+``gate`` (``<split>_<metric>: {min, max}`` bounds) and ``guards`` (every guard setting, e.g.
+``--set guards.hang_timeout_s=120``; described by the runtime's ``GuardsConfig``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from core.spec import PipelineDefinitionError, PipelineSpec, Recipe, gate_from
+from core.spec import Guards, PipelineDefinitionError, PipelineSpec, Recipe, gate_from
 from core.spec_fields import scalar_field_types
 
-SECTIONS = ("train", "model", "gate")
+SECTIONS = ("train", "model", "gate", "guards")
 # Run tag on a run that changes its pipeline's settings: the queue and the UI tell them apart.
 OVERRIDES_TAG = "platform/overrides"
 
@@ -48,6 +50,15 @@ _CLASSIC_DOCS = {
     "max_restarts": "times torchrun restarts failed workers (each resumes from the last checkpoint)",
     "gpus_per_node": "GPUs per node (0: CPU with gloo)", "gpu_resource_name": "Kubernetes GPU resource (or MIG profile)",
 }
+
+
+def guard_field_types() -> dict[str, tuple[type, bool]]:
+    return scalar_field_types(Guards)
+
+
+def guard_field_docs() -> dict[str, str]:
+    """Guard setting -> its description, the runtime's own (training_runtime/config.py)."""
+    return {f.name: f.metadata["description"] for f in dataclasses.fields(Guards)}
 
 
 def recipe_field_docs() -> dict[str, str]:
@@ -85,17 +96,28 @@ def parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _coerce(field_name: str, value: Any, kind: type, nullable: bool) -> Any:
+def _coerce(field_name: str, value: Any, kind: type, nullable: bool, section: str = "train") -> Any:
     if value is None:
         if nullable:
             return None
-        raise OverrideError(f"override train.{field_name}: cannot be null; give a {kind.__name__}")
+        raise OverrideError(f"override {section}.{field_name}: cannot be null; give a {kind.__name__}")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, kind) and not (kind is not bool and isinstance(value, bool)):
         return value
-    raise OverrideError(f"override train.{field_name}: {value!r} is not a {kind.__name__}"
+    raise OverrideError(f"override {section}.{field_name}: {value!r} is not a {kind.__name__}"
                         + (" (or null)" if nullable else ""))
+
+
+def _typed_section(overrides: Mapping[str, Any], section: str, types: dict[str, tuple[type, bool]],
+                   what: str) -> dict[str, Any]:
+    values = dict(overrides.get(section) or {})
+    for name in values:
+        if name not in types:
+            raise OverrideError(f"override {section}.{name}: {what} has no field {name!r}; its fields are "
+                                f"{sorted(types)}")
+        values[name] = _coerce(name, values[name], *types[name], section=section)
+    return values
 
 
 def apply_overrides(spec: PipelineSpec, overrides: Mapping[str, Any] | None) -> PipelineSpec:
@@ -106,13 +128,8 @@ def apply_overrides(spec: PipelineSpec, overrides: Mapping[str, Any] | None) -> 
     unknown = sorted(set(overrides) - set(SECTIONS))
     if unknown:
         raise OverrideError(f"override section {unknown[0]!r} does not exist; use {', '.join(SECTIONS)}")
-    types = recipe_field_types()
-    train = dict(overrides.get("train") or {})
-    for name in train:
-        if name not in types:
-            raise OverrideError(f"override train.{name}: the recipe has no field {name!r}; its fields are "
-                                f"{sorted(types)}")
-        train[name] = _coerce(name, train[name], *types[name])
+    train = _typed_section(overrides, "train", recipe_field_types(), "the recipe")
+    guards = _typed_section(overrides, "guards", guard_field_types(), "guards")
     model = dict(overrides.get("model") or {})
     if model and spec.model is None:
         raise OverrideError(f"override model.{next(iter(model))}: pipeline {spec.name!r} trains no model")
@@ -129,7 +146,7 @@ def apply_overrides(spec: PipelineSpec, overrides: Mapping[str, Any] | None) -> 
         bounds = {k: {m: v for m, v in b.items() if v is not None} for k, b in bounds.items()}
         new_gate = gate_from(spec.name, {k: b for k, b in bounds.items() if b}) if gate else spec.gate
         return replace(spec, recipe=replace(spec.recipe, **train), model_kwargs={**spec.model_kwargs, **model},
-                       gate=new_gate)
+                       gate=new_gate, guards=replace(spec.guards, **guards))
     except PipelineDefinitionError as exc:
         raise OverrideError(f"override rejected: {exc}") from exc
 
@@ -141,6 +158,8 @@ def override_record(spec: PipelineSpec, overrides: Mapping[str, Any] | None) -> 
         record[f"train.{name}"] = {"pipeline": getattr(spec.recipe, name), "run": value}
     for name, value in ((overrides or {}).get("model") or {}).items():
         record[f"model.{name}"] = {"pipeline": spec.model_kwargs.get(name), "run": value}
+    for name, value in ((overrides or {}).get("guards") or {}).items():
+        record[f"guards.{name}"] = {"pipeline": getattr(spec.guards, name), "run": value}
     bounds = spec.gate.all_bounds()
     for key, bound in ((overrides or {}).get("gate") or {}).items():
         for side, value in bound.items():
@@ -172,6 +191,10 @@ def overrides_config_schema(spec: PipelineSpec) -> dict[str, Any]:
                       for side in ("min", "max")})
     gate = {k: dg.Field(bound, is_required=False, description=f"Bound on {k}; the pipeline says {json.dumps(v)}.")
             for k, v in spec.gate.all_bounds().items()}
+    guard_docs = guard_field_docs()
+    guards = {name: dg.Field(dg.Noneable(kind) if nullable else kind, is_required=False,
+                             description=f"{guard_docs[name]} The pipeline says {json.dumps(getattr(spec.guards, name))}.")
+              for name, (kind, nullable) in guard_field_types().items()}
     return {
         "train": dg.Field(dg.Shape(train), is_required=False,
                           description="Recipe fields to change for this run (e.g. lr, epochs, seed)."),
@@ -179,4 +202,7 @@ def overrides_config_schema(spec: PipelineSpec) -> dict[str, Any]:
                           description="Keyword arguments of the model factory to change for this run."),
         "gate": dg.Field(dg.Permissive(gate), is_required=False,
                          description="Quality-gate bounds to change for this run, as <split>_<metric>: {min, max}."),
+        "guards": dg.Field(dg.Shape(guards), is_required=False,
+                           description="Guard settings to change for this run (e.g. hang_timeout_s, "
+                                       "nonfinite_skip_batches); checked as the pipeline's own are."),
     }

@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # pandas is only named in annotations; image pool workers imp
 from core.expectations import standard_raw_expectations, standard_shard_expectations
 from core.spec_fields import PipelineDefinitionError, fail
 from core.placement import Placement, placement_problems
+# The guards' settings are the runtime's own (one set of fields, defaults, descriptions and rules);
+# training_runtime.config is torch-free.
+from training_runtime.config import GuardsConfig as Guards
+from training_runtime.config import guard_problems
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _LOCATION = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # Dagster code location names
@@ -132,6 +136,9 @@ class Recipe:
     nnodes: int = 1
     sharding: str = "ddp"
     precision: str = "fp32"
+    fsdp_units: str | None = None  # FSDP units: module class names, comma-separated, e.g. "GPT2Block" (None: the platform's blocks for its models, else modules of about fsdp_unit_params parameters)
+    fsdp_unit_params: int | None = None  # size of size-based FSDP units, in parameters (None: a sixteenth of the model's)
+    activation_checkpointing: bool = False  # recompute each FSDP unit's activations in the backward pass (less memory, one more forward)
     checkpoint_every_steps: int = 50
     keep_last_checkpoints: int = 3
     async_checkpoint: bool = False
@@ -188,6 +195,11 @@ class QualityGate:
         if self.max_test_loss is not None:
             out.setdefault("test_loss", {})["max"] = self.max_test_loss
         return out
+
+    def record(self, failures: list[str]) -> dict[str, Any]:
+        """What a version's lineage records of the gate: the verdict and only the bounds the pipeline
+        (or the run's overrides) set; an unset bound (min_test_accuracy 0.0 of a language model) is no bound."""
+        return {"passed": not failures, "failures": list(failures), "bounds": self.all_bounds()}
 
     def failures(self, evaluation: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """``evaluation``: split -> that split's metrics. A bound on a metric the evaluation lacks fails."""
@@ -315,6 +327,9 @@ class PipelineSpec:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     train: str | None = None  # "package.module:function" run on every rank instead of the built-in loop
     recipe: Recipe = field(default_factory=Recipe)
+    # What watches the training (hang watchdog, non-finite stop, stalls, stragglers, GPU health):
+    # the runtime's GuardsConfig, handed to it as its ``guards`` (training_runtime/config.py).
+    guards: Guards = field(default_factory=Guards)
     placement: Placement = field(default_factory=Placement)  # where training pods run (core/placement.py)
     gate: QualityGate = field(default_factory=QualityGate)
     split: Split = field(default_factory=Split)
@@ -573,7 +588,7 @@ class PipelineSpec:
             if path is not None:
                 _check_module_exists(n, fname, path)
         r = self.recipe
-        for fname in ("validate_every_steps", "early_stopping_patience"):
+        for fname in ("validate_every_steps", "early_stopping_patience", "fsdp_unit_params"):
             if getattr(r, fname) is not None and getattr(r, fname) < 1:
                 _fail(n, f"recipe.{fname}", "must be at least 1 (or None)")
         if r.monitor_mode not in (None, "min", "max"):
@@ -591,6 +606,7 @@ class PipelineSpec:
             if value is not None and not (value > 0 and math.isfinite(value)):
                 _fail(n, f"recipe.{fname}", f"{value!r}: must be a positive number" +
                       (" (or None)" if fname == "grad_clip_norm" else " of seconds"))
+        self._check_guards(n)
         if (r.augment_padding or r.augment_hflip) and not isinstance(self.source, ImageFolder) and self.dataset is None:
             _fail(n, "recipe.augment_padding" if r.augment_padding else "recipe.augment_hflip",
                   "augments images; this pipeline's data is not an image folder")
@@ -606,6 +622,14 @@ class PipelineSpec:
             if metric not in known:
                 _fail(n, f"gate.{key}", f"task {self.task!r} does not produce {metric!r}; its metrics are "
                       f"{list(known)} (as test_<metric> or validation_<metric>)")
+
+    def _check_guards(self, n: str) -> None:
+        """The runtime's own rules (training_runtime.config.guard_problems), in the pipeline's words."""
+        if not isinstance(self.guards, Guards):
+            _fail(n, "guards", f"{self.guards!r} must be a Guards (model_pipeline also takes a mapping of its fields)")
+        for fname, problem in guard_problems(self.guards, collective_timeout_s=self.recipe.collective_timeout_s,
+                                             collective_field="recipe.collective_timeout_s", train_fn=self.train):
+            _fail(n, f"guards.{fname}", problem)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -694,6 +718,7 @@ def model_pipeline(
     preprocessing: ImagePreprocessing | TextPreprocessing | None = None, task: str = "classification",
     labels: Sequence[str] = (), target_range: tuple[float, float] | None = None, train: str | None = None,
     placement: Placement | Mapping[str, Any] | None = None, sweep: Any = None,
+    guards: Guards | Mapping[str, Any] | None = None,
 ) -> PipelineSpec:
     """Declare a model pipeline: raw_dataset -> shards -> checkpoint -> model_version.
 
@@ -707,8 +732,10 @@ def model_pipeline(
     own training function on every rank with a ``TrainingContext`` instead of the built-in loop.
     ``task`` may also be ``"package.module:TaskClass"`` (your loss, metrics and predictions). A table's ``task`` is ``"classification"`` (``label`` and ``classes``), ``"regression"``
     (``label`` names a numeric column; ``target_range=(low, high)`` bounds it) or ``"multilabel"``
-    (``labels`` names one 0/1 column per label). ``recipe``, ``gate``, ``triggers`` and ``split``
-    take the dataclasses or plain dicts of their fields. ``sweep`` (a ``core.sweep.Sweep`` or its
+    (``labels`` names one 0/1 column per label). ``recipe``, ``gate``, ``triggers``, ``split`` and
+    ``guards`` take the dataclasses or plain dicts of their fields; ``guards`` (a ``Guards``:
+    ``hang_timeout_s``, ``nonfinite_skip_batches``, ``data_stall_share``, ...) sets what watches
+    every training, the runtime's own settings (their descriptions: ``training_runtime/config.py``). ``sweep`` (a ``core.sweep.Sweep`` or its
     fields as a dict) makes every training of the pipeline a search: Optuna trials, the best one
     evaluated and registered. ``build_definitions`` turns the returned
     spec into assets with blocking Great Expectations checks, a training job, a schedule and a
@@ -733,6 +760,7 @@ def model_pipeline(
         preprocessing=preprocessing, task=task, label_columns=tuple(labels),
         target_range=tuple(target_range) if isinstance(target_range, (list, tuple)) else target_range, train=train,
         placement=_coerce(name, "placement", Placement, placement), sweep=_sweep(name, sweep),
+        guards=_coerce(name, "guards", Guards, guards),
     )
 
 

@@ -113,7 +113,7 @@ def test_inputs(pinned, loaded) -> dict:
     """The first ONNX_CHECK_SAMPLES test samples: the model's inputs, and the raw token windows."""
     import numpy as np
 
-    from training_runtime.data.batches import columns_of, split_loader
+    from training_runtime.data.batches import split_loader
     from training_runtime.data.shards import resolve_shards
     from training_runtime.data.info import model_batch
     from training_runtime.data.split import open_split
@@ -125,7 +125,7 @@ def test_inputs(pinned, loaded) -> dict:
     loader = split_loader(data, loaded.info, np.arange(n), 64, 0, torch_cpu(), epoch=0, seed=0)
     inputs, tokens = [], []
     for raw in loader:
-        x = model_batch(loaded.info, columns_of(raw))["input"]
+        x = model_batch(loaded.info, raw)["input"]
         if loaded.info.task == "language_modeling":
             tokens.append(x.numpy())
             x = x[:, :-1]  # the model reads seq_len tokens; the last one is only a target
@@ -157,8 +157,7 @@ def evaluate_and_register(
     metrics = json.loads(store.get_object(checkpoint["commit_id"], ckpt_dir + "metrics.json"))
     evaluation = {"test": ev.test, "validation": ev.validation}
     failures = spec.gate.failures(evaluation)
-    gate = {"passed": not failures, "failures": failures, "bounds": spec.gate.all_bounds(),
-            "min_test_accuracy": spec.gate.min_test_accuracy, "max_test_loss": spec.gate.max_test_loss}
+    gate = spec.gate.record(failures)
     serving = {"files": sorted(ev.files), "onnx": ev.onnx, "continuations": ev.continuations}
 
     committed: dict[int, dict] = {}  # the record register_version committed, shown again in the UI

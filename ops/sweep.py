@@ -78,10 +78,13 @@ def run_sweep(context: dg.OpExecutionContext, spec: PipelineSpec, work_dir: Path
                          log=context.log.info, on_change=lambda records: _observe(context, records, objective))
     outcome = runner.run()
     if outcome.best is None:
+        # Each failed trial's own first line: the step's error must say why (a NaN, the store
+        # down), not only point at the log.
+        why = "".join(f"\ntrial {r.number}: {r.error.splitlines()[0][:500]}" for r in outcome.records if r.error)
         raise dg.Failure(description=f"sweep {study.study_name}: no trial finished with a validation {objective} "
                                      f"({outcome.summary()['pruned']} pruned, {outcome.summary()['failed']} failed); "
-                                     "see each trial's log above", metadata={"trials": trials_table(outcome.records)},
-                         allow_retries=False)
+                                     f"see each trial's log above{why}",
+                         metadata={"trials": trials_table(outcome.records)}, allow_retries=False)
     best = results.get(outcome.best.number)
     if best is None:  # finished by an earlier attempt of the sweep: its outputs are on the volume
         best = result_from(Path(outcome.best.folder) / "output")

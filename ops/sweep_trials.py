@@ -230,6 +230,8 @@ class SweepRunner:
                 error = f"{type(exc).__name__}: {exc}"
                 if plan.stop_file.exists():
                     return None, attempt, error  # asked to stop: not worth a restart
+                if getattr(exc, "allow_retries", True) is False:
+                    return None, attempt, error  # the training's Failure says a restart would repeat it (a NaN)
                 if attempt <= self.sweep.retries:
                     self.log(f"trial {plan.number} failed ({error.splitlines()[0][:300]}); restarting it "
                              f"from its checkpoints (attempt {attempt + 1} of {self.sweep.retries + 1})")
@@ -275,7 +277,7 @@ class SweepRunner:
         if pruned:
             step = (metrics or {}).get("pruned_at_step") or r.prune_requested_at
             trial.set_user_attr("pruned_step", step)
-            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self._tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.log(f"trial {r.plan.number} stopped by the pruner at step {step}")
             return
         value = _objective_value(metrics, self.objective)
@@ -285,11 +287,25 @@ class SweepRunner:
         if metrics is None or value is None:
             why = error or f"it reported no finite validation {self.objective}"
             trial.set_user_attr("error", why[-2000:])
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self._tell(trial, state=optuna.trial.TrialState.FAIL)
             self.log(f"trial {r.plan.number} failed after {attempts} attempt(s): {why.splitlines()[0][:300]}")
             return
-        self.study.tell(trial, value)
+        self._tell(trial, value)
         self.log(f"trial {r.plan.number} finished: {self.objective} {value:.4g} after {metrics.get('steps')} steps")
+
+    def _tell(self, trial, *args, **kwargs) -> None:
+        """``study.tell`` as ``study.optimize`` would make it. Optuna's grid sampler calls
+        ``study.stop()`` once the last grid point is told, and outside ``optimize`` that raises
+        RuntimeError (after the trial's state is stored): the step failed after every trial had
+        finished, and its retry only found them done. This loop stops by its own trial budget, so
+        the stop flag the sampler sets has no other effect here."""
+        local = self.study._thread_local  # noqa: SLF001 (the flag study.stop() reads)
+        was = local.in_optimize_loop
+        local.in_optimize_loop = True
+        try:
+            self.study.tell(trial, *args, **kwargs)
+        finally:
+            local.in_optimize_loop = was
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -27,6 +27,7 @@ from core.overrides import (
 from core.pinned_shards import read_pinned_shards
 from core.spec import PipelineSpec
 from ops import training_config as training
+from ops.live_tensorboard import LiveTensorBoard
 from ops.rank_logs import KeptLogs, keep_rank_logs
 from ops.sweep import run_sweep, sweep_metadata, sweep_record
 from ops.runs import commit_metadata, commit_or_head, ensure_run_branch, root_run_id
@@ -40,6 +41,7 @@ from resources.platform import (
     VersionedStoreResource,
 )
 from resources.store.base import VersionedStore
+from training_runtime.observe.attempts import LaunchOutcome, attempts_root, next_launch
 
 WEIGHTS_FILE = "model.safetensors"
 # What a training run leaves in its output directory, committed beside each other on the run branch.
@@ -87,10 +89,12 @@ def run_distributed_training(
     """Train on the shards at their pinned commit; resumes from ``work_dir``'s checkpoints.
     ``validation_files``: a sweep trial's (report, stop) files (training_runtime/train/trial_channel.py)."""
     pinned = read_pinned_shards(store, shards["commit_id"], shards["manifest_path"])
-    output_dir = work_dir / "output"
+    output_dir, checkpoint_dir = work_dir / "output", work_dir / "checkpoints"
     config = training.runtime_config(
         spec, manifest=pinned.manifest, locations=pinned.locations, commit_id=shards["commit_id"],
-        checkpoint_dir=work_dir / "checkpoints", output_dir=output_dir, s3_endpoint_url=pinned.s3_endpoint_url,
+        checkpoint_dir=checkpoint_dir, output_dir=output_dir, s3_endpoint_url=pinned.s3_endpoint_url,
+        # Each launch (a Dagster retry, a re-execution) names its attempts' records apart.
+        launch=next_launch(attempts_root(checkpoint_dir)),
     )
     if validation_files is not None:
         config["validation"].update(report_file=str(validation_files[0]), stop_file=str(validation_files[1]))
@@ -99,10 +103,32 @@ def run_distributed_training(
                      f"{f' ({label})' if label else ''} on shards commit {shards['commit_id'][:12]}")
     try:
         invocation = launcher.launch(context, job)
+    except Exception as exc:
+        outcome = launcher.failure_of(job)
+        if outcome is None:  # no record: the workers were killed before they could say why
+            raise
+        raise training_failure(context, spec, outcome) from exc
     finally:  # every rank's logs are kept, a failed training's above all
         logs = keep_rank_logs(context, artifacts, launcher, job) if artifacts is not None else None
     telemetry = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == "telemetry"]
     return training_result_from(output_dir, logs=logs, telemetry=telemetry)
+
+
+def training_failure(context: dg.OpExecutionContext, spec: PipelineSpec, outcome: LaunchOutcome) -> dg.Failure:
+    """The step's failure in the runtime's words. A failure a new attempt would repeat (a
+    non-finite stop, user code that cannot be imported or called, a config error) is not retried;
+    others (a killed worker, a lost node, a hang, an outage) are, by the op's retry policy."""
+    for attempt in outcome.attempts:
+        context.log.info(f"attempt {attempt.id.name}: {attempt.ended}"
+                         + (f" ({attempt.reason})" if attempt.reason else ""))
+    metadata = {"attempts": dg.MetadataValue.json([{"attempt": a.id.name, **a.to_metrics()} for a in outcome.attempts])}
+    if outcome.last_good_checkpoint:
+        metadata["last_good_checkpoint"] = outcome.last_good_checkpoint
+    if outcome.deterministic:
+        return dg.Failure(description=f"training {spec.name!r} failed, not retried (a new attempt would fail the "
+                                      f"same way): {outcome.message}", metadata=metadata, allow_retries=False)
+    return dg.Failure(description=f"training {spec.name!r} failed: {outcome.message}; a retry resumes from the last "
+                                  "checkpoint", metadata=metadata, allow_retries=True)
 
 
 def training_result_from(output_dir: Path, *, logs: KeptLogs | None = None,
@@ -202,21 +228,25 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
         s = store.get()
         branch = ensure_run_branch(s, context.run_id)
         work_dir = platform.checkpoints_root / name / root_run_id(context)
+        folder = f"models/{name}/checkpoints/{context.run_id}/"
+        # Each training's curves reach TensorBoard while it trains; the run's log and metadata link them.
+        live = LiveTensorBoard(context, artifacts.get(), folder=folder, run_dir=work_dir,
+                               tensorboard_url=platform.tensorboard_url)
         sweep = None
         if run_spec.sweep is not None and context.op_config.get("sweep", True):
-            def train_trial(trial_spec: PipelineSpec, folder: Path, **kw) -> TrainingResult:
-                return run_distributed_training(context, trial_spec, shards, s, launcher.get(), folder,
-                                                artifacts.get(), **kw)
+            def train_trial(trial_spec: PipelineSpec, trial_dir: Path, **kw) -> TrainingResult:
+                with live.watching(trial_dir):
+                    return run_distributed_training(context, trial_spec, shards, s, launcher.get(), trial_dir,
+                                                    artifacts.get(), **kw)
 
             result, outcome = run_sweep(context, run_spec, work_dir, root_run_id(context), train=train_trial,
                                         result_from=training_result_from)
             sweep = (sweep_record(outcome), sweep_metadata(outcome, name))
         else:
             with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), run_spec.gpus,
-                           log=context.log):
+                           log=context.log), live.watching(work_dir):
                 result = run_distributed_training(context, run_spec, shards, s, launcher.get(), work_dir,
                                                   artifacts.get())
-        folder = f"models/{name}/checkpoints/{context.run_id}/"
         weights_path = folder + WEIGHTS_FILE
         weights_uri = artifacts.get().put_file(result.output_dir / WEIGHTS_FILE, weights_path)
         for file in MODEL_FILES:
@@ -237,7 +267,7 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
                  "sweep": sweep[0] if sweep else None}
         return dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             **result.metadata(name), "commit_id": commit_id, "weights_uri": weights_uri,
-            "dataset": shards["dataset"], "shards_commit": shards["commit_id"], **events,
+            "dataset": shards["dataset"], "shards_commit": shards["commit_id"], **events, **live.metadata(),
             **override_metadata(value["override_record"]), **(sweep[1] if sweep else {})})
 
     return distributed_training

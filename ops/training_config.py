@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from pathlib import Path
@@ -12,8 +13,9 @@ from resources.launch.base import GpuRequest, TrainingJob
 
 def runtime_config(
     spec: PipelineSpec, *, manifest: dict, locations: dict[str, str], commit_id: str,
-    checkpoint_dir: Path, output_dir: Path, s3_endpoint_url: str | None = None,
+    checkpoint_dir: Path, output_dir: Path, s3_endpoint_url: str | None = None, launch: int = 1,
 ) -> dict:
+    """``launch``: which launch of this training (training_runtime.observe.attempts.next_launch)."""
     r = spec.recipe
     return {
         "model": {"name": spec.model, "kwargs": dict(spec.model_kwargs)},
@@ -25,7 +27,8 @@ def runtime_config(
             "epochs": r.epochs, "batch_size": r.batch_size, "lr": r.lr, "optimizer": r.optimizer,
             "weight_decay": r.weight_decay, "lr_schedule": r.lr_schedule, "warmup_steps": r.warmup_steps,
             "grad_accum_steps": r.grad_accum_steps, "seed": r.seed, "sharding": r.sharding,
-            "precision": r.precision,
+            "precision": r.precision, "fsdp_units": r.fsdp_units, "fsdp_unit_params": r.fsdp_unit_params,
+            "activation_checkpointing": r.activation_checkpointing,
             # A job that holds GPUs must train on them: the runtime fails with the reason instead of
             # falling back to CPU; a CPU job never touches a GPU.
             "device": "cuda" if r.gpus_per_node else "cpu",
@@ -40,14 +43,15 @@ def runtime_config(
         "validation": {"enabled": "validation" in manifest["splits"], "every_steps": r.validate_every_steps,
                        "metric": r.monitor, "mode": r.monitor_mode, "patience": r.early_stopping_patience,
                        "keep_best": r.keep_best},
-        # The hang watchdog prints every rank's stack before the process group's own timeout aborts.
-        "guards": {"hang_timeout_s": min(300.0, r.collective_timeout_s / 2)},
+        # The pipeline's guard settings, checked against the recipe's collective timeout at load.
+        "guards": dataclasses.asdict(spec.guards),
         "checkpoint": {"dir": str(checkpoint_dir), "every_steps": r.checkpoint_every_steps,
                        "keep_last": r.keep_last_checkpoints, "async_save": r.async_checkpoint,
                        "format": r.checkpoint_format},
         "output_dir": str(output_dir),
         # evaluate_on "training": rank 0 evaluates the written weights on its GPU and writes evaluation.json.
         "evaluation": {"enabled": r.evaluate_on == "training"},
+        "launch": launch,
     }
 
 

@@ -7,6 +7,7 @@ Shared by the platform's code location (pipelines/definitions.py), the YAML comp
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import replace
 from typing import Sequence
 
@@ -21,6 +22,12 @@ from pipelines.profiles import Profile
 # Definitions metadata naming what a code location defines, for the cross-location checks
 # (pipelines/workspace.py): pipeline and dataset names must be unique across a workspace.
 LOCATION_KEY, PIPELINES_KEY = "platform/location", "platform/pipelines"
+# ...and the handle of this build's specs and profile in BUILDS, through which the CLI finds the
+# pipeline objects of a location it imported (pipelines/workspace.py built_location). Metadata
+# survives Definitions.merge; the handle is unique per build, so another build of a location of
+# the same name in this process never answers for this one.
+BUILD_KEY = "platform/build"
+BUILDS: dict[str, tuple[tuple[PipelineSpec, ...], Profile]] = {}
 
 
 def training_job_name(spec: PipelineSpec) -> str:
@@ -71,10 +78,13 @@ def location_definitions(location: str, pipelines: Sequence[PipelineSpec], profi
     for spec in specs:  # parallel sweep trials must fit the GPU pool (core/sweep.py)
         check_sweep_capacity(spec, profile.gpu_pool)
     listing = [{"name": s.name, "dataset": s.dataset, "dataset_location": s.dataset_location} for s in specs]
+    handle = f"{location}:{uuid.uuid4().hex}"
+    BUILDS[handle] = (tuple(specs), profile)
     return dg.Definitions.merge(
         pipeline_definitions(specs),
         dg.Definitions(resources=profile.resources(), executor=profile.executor(),
-                       metadata={LOCATION_KEY: location, PIPELINES_KEY: dg.MetadataValue.json(listing)}))
+                       metadata={LOCATION_KEY: location, PIPELINES_KEY: dg.MetadataValue.json(listing),
+                                 BUILD_KEY: handle}))
 
 
 def location_listing(defs: dg.Definitions) -> tuple[str, list[dict]]:

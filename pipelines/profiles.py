@@ -22,6 +22,17 @@ from resources.platform import (
 
 PROFILES = ("local", "kubernetes")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The platform's local instance config (run queue, per-model and per-team limits, run retries, the
+# GPU pool); the CLI writes a copy into a DAGSTER_HOME that has none (ensure_instance_config).
+LOCAL_INSTANCE_CONFIG = REPO_ROOT / "dagster_home" / "dagster.yaml"
+# Run links (PlatformSettings.ui_url): this variable when set, else where dagster-webserver serves by
+# the variables it reads itself (``dagster dev`` passes them on), else ``make ui``'s address.
+UI_URL_ENV = "DAGSTER_UI_URL"
+WEBSERVER_ENV = ("DAGSTER_WEBSERVER_HOST", "DAGSTER_WEBSERVER_PORT", "DAGSTER_WEBSERVER_PATH_PREFIX")
+DEFAULT_UI_HOST, DEFAULT_UI_PORT = "127.0.0.1", 3000
+# Live TensorBoard links (PlatformSettings.tensorboard_url) on either profile: `make ui` sets it to the
+# TensorBoard it starts (pipelines/local_ui.py), the chart's ConfigMap to the one it deploys; unset, no links.
+TENSORBOARD_URL_ENV = "TENSORBOARD_URL"
 # Failure alerts (pipelines/alerts.py) go to this webhook when the environment sets it, on either
 # profile; on Kubernetes it comes from the optional Secret named in helm/dagster-values.yaml.
 ALERT_WEBHOOK_ENV = "MODEL_FACTORY_ALERT_WEBHOOK_URL"
@@ -37,6 +48,14 @@ class Profile:
     # GPUs in the instance's pool "gpu" when its dagster.yaml sets them (concurrency: pools:
     # default_limit), else None: a sweep whose parallel trials need more is refused when definitions load.
     gpu_pool: int | None = None
+    # Base URL of the web UI for run links (local profile; Kubernetes reads DAGSTER_UI_URL in the pods).
+    ui_url: str = f"http://{DEFAULT_UI_HOST}:{DEFAULT_UI_PORT}"
+    # Folders the code location imports its own code from (pipelines.api.team_definitions finds
+    # them): local training workers get them first on PYTHONPATH, so a team package outside the
+    # repository imports in every rank. Pods import team code from the training image instead.
+    code_paths: tuple[str, ...] = ()
+    # Base URL of the TensorBoard over the artifact store (local profile; Kubernetes reads it in the pods).
+    tensorboard_url: str | None = None
 
     @classmethod
     def from_environment(cls) -> "Profile":
@@ -51,7 +70,8 @@ class Profile:
             return cls(name=name, data_root=Path(os.environ.get("MODEL_FACTORY_SHARED_MOUNT", "/mnt/training")),
                        alert_webhook=alerts, gpu_pool=pool)
         # Local state lives beside the Dagster instance, so a temporary DAGSTER_HOME isolates it too.
-        return cls(name=name, data_root=home / "platform", alert_webhook=alerts, gpu_pool=pool)
+        return cls(name=name, data_root=home / "platform", alert_webhook=alerts, gpu_pool=pool,
+                   ui_url=served_ui_url(os.environ), tensorboard_url=served_tensorboard_url(os.environ))
 
     def alert_webhook_url(self) -> str | None:
         return dg.EnvVar(ALERT_WEBHOOK_ENV) if self.alert_webhook else None
@@ -60,10 +80,12 @@ class Profile:
         if self.name == "local":
             root = str(self.data_root)
             return {
-                "platform": PlatformSettings(data_root=root, alert_webhook_url=self.alert_webhook_url()),
+                "platform": PlatformSettings(data_root=root, ui_url=self.ui_url, tensorboard_url=self.tensorboard_url,
+                                             alert_webhook_url=self.alert_webhook_url()),
                 "store": VersionedStoreResource(kind="local", local_root=str(self.data_root / "store")),
                 "artifacts": ArtifactStoreResource(kind="local", local_root=str(self.data_root / "artifacts")),
-                "launcher": TrainingLauncherResource(kind="local", work_root=str(self.data_root / "launches")),
+                "launcher": TrainingLauncherResource(kind="local", work_root=str(self.data_root / "launches"),
+                                                     python_path=list(self.code_paths)),
             }
         return kubernetes_resources(self.data_root, self.alert_webhook_url(), environ=os.environ)
 
@@ -82,6 +104,54 @@ class Profile:
 
     def store(self):
         return self.resources()["store"].get()
+
+
+def served_ui_url(environ: Mapping[str, str]) -> str:
+    """Where the web UI answers, for run links: ``DAGSTER_UI_URL`` when set (a proxy, another host);
+    else the host, port and path prefix dagster-webserver itself serves on when ``dagster dev`` or
+    ``dagster-webserver`` is started without ``-h``/``-p`` (DAGSTER_WEBSERVER_HOST, _PORT and
+    _PATH_PREFIX, which both read); else ``make ui``'s http://127.0.0.1:3000."""
+    explicit = (environ.get(UI_URL_ENV) or "").strip()
+    if explicit:
+        if not explicit.startswith(("http://", "https://")):
+            raise ValueError(f"{UI_URL_ENV}={explicit!r} is not an http(s) URL; set it to the address the web UI "
+                             "answers on, e.g. http://127.0.0.1:3000")
+        return explicit.rstrip("/")
+    host_env, port_env, prefix_env = WEBSERVER_ENV
+    host = (environ.get(host_env) or DEFAULT_UI_HOST).strip()
+    # Bound to every address, the UI is reached on this machine through the loopback address.
+    host = DEFAULT_UI_HOST if host in ("0.0.0.0", "::", "") else host
+    port = (environ.get(port_env) or str(DEFAULT_UI_PORT)).strip()
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{port_env}={port!r} is not a port number; set it to the port dagster-webserver serves on")
+    prefix = (environ.get(prefix_env) or "").strip().strip("/")
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{int(port)}" + (f"/{prefix}" if prefix else "")
+
+
+def served_tensorboard_url(environ: Mapping[str, str]) -> str | None:
+    """The TensorBoard that runs link their live curves to: ``TENSORBOARD_URL``, or
+    None when it is unset (nothing serves the event files, so no link is given)."""
+    url = (environ.get(TENSORBOARD_URL_ENV) or "").strip()
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{TENSORBOARD_URL_ENV}={url!r} is not an http(s) URL; set it to the address TensorBoard "
+                         "answers on, e.g. http://127.0.0.1:6006, or unset it")
+    return url.rstrip("/")
+
+
+def ensure_instance_config(home: Path) -> bool:
+    """Write the platform's local instance config into ``home`` when it has no dagster.yaml (creating
+    ``home``); True when it wrote one. An existing dagster.yaml is never touched."""
+    target = home / "dagster.yaml"
+    if target.exists():
+        return False
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".dagster.yaml.{os.getpid()}.tmp")
+    tmp.write_text(LOCAL_INSTANCE_CONFIG.read_text())
+    tmp.replace(target)  # atomic: a concurrent reader sees the whole file or none
+    return True
 
 
 def instance_gpu_pool(home: Path) -> int | None:
@@ -108,7 +178,8 @@ def kubernetes_resources(shared_root: Path, alert_webhook_url: str | None = None
     from resources.k8s.step_config import platform_environ
 
     return {
-        "platform": PlatformSettings(data_root=str(shared_root), ui_url=dg.EnvVar("DAGSTER_UI_URL"),
+        "platform": PlatformSettings(data_root=str(shared_root), ui_url=dg.EnvVar(UI_URL_ENV),
+                                     tensorboard_url=served_tensorboard_url(environ),
                                      alert_webhook_url=alert_webhook_url),
         "store": VersionedStoreResource(
             kind="lakefs", repository=dg.EnvVar("LAKEFS_REPOSITORY"), lakefs_endpoint=dg.EnvVar("LAKEFS_ENDPOINT"),

@@ -21,6 +21,10 @@ class PlatformSettings(dg.ConfigurableResource):
 
     data_root: str = Field(description="Directory for sources, checkpoints and other local state.")
     ui_url: str = Field(default="http://localhost:3000", description="Base URL of the Dagster web UI, for run links.")
+    tensorboard_url: str | None = Field(
+        default=None, description="Base URL of the TensorBoard over the artifact store's models/ area (`make ui`'s, "
+                                  "the chart's); each training links its live curves there (ops/live_tensorboard.py). "
+                                  "None: no links.")
     # A Slack incoming-webhook URL carries its token in the path: pass it as an EnvVar so the UI
     # shows the variable's name, never the URL (pipelines/profiles.py does).
     alert_webhook_url: str | None = Field(
@@ -108,12 +112,17 @@ class TrainingLauncherResource(dg.ConfigurableResource):
                     "TRAINING_IMAGE, MODEL_FACTORY_*) that resources.k8s.step_config.platform_settings reads; "
                     "Secret names only, never credentials.")
     image: str | None = Field(default=None, description="Training image; None: cluster_settings' TRAINING_IMAGE.")
+    python_path: list[str] = Field(
+        default_factory=list,
+        description="kind='local': folders put first on the training workers' PYTHONPATH, the code location's "
+                    "import roots (pipelines.api.team_definitions finds them), so team code outside the "
+                    "repository imports in every rank. Pods import team code from the training image.")
 
     def get(self) -> TrainingLauncher:
         if self.kind == "local":
             from resources.launch.local import LocalTorchrunLauncher
 
-            return LocalTorchrunLauncher(Path(self.work_root))
+            return LocalTorchrunLauncher(Path(self.work_root), python_path=self.python_path)
         if self.kind == "kubernetes":
             from resources.k8s.launcher import KubernetesTrainingLauncher, launcher_kwargs
             from resources.k8s.step_config import ENV_SHARED_MOUNT, platform_settings

@@ -1,14 +1,16 @@
 """``python -m pipelines``: run the demo and question model versions from the command line.
 
 ``parser`` declares the commands; ``inspection``, ``annotation``, ``reproduce``, ``tensorboard`` and
-``demo`` run them; ``render`` writes their text, ``compare`` finds what differs between versions and
-``instance`` reports to the Dagster instance.
+``demo`` run them; ``render`` writes their text, ``compare`` finds what differs between versions,
+``instance`` reports to the Dagster instance, ``lookup`` finds a named pipeline in the workspace's
+code locations and ``sources`` commits source files.
 """
 
 from __future__ import annotations
 
 import sys
 
+from core.datasets import UnknownDatasetVersionError
 from core.registry import AliasError, UnknownModelVersionError
 from pipelines.cli.errors import ReproductionError, UsageError
 from pipelines.cli.parser import build_parser
@@ -22,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UnknownModelVersionError, AliasError, UsageError) as exc:
+    except (UnknownModelVersionError, UnknownDatasetVersionError, AliasError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (ReproductionError, StoreError, ValueError) as exc:

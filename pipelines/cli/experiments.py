@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -10,18 +11,6 @@ from pathlib import Path
 from pipelines.cli.errors import UsageError
 from pipelines.cli.render import DIFF_MARK, format_value, table
 from pipelines.profiles import Profile
-
-
-def _pipeline(model: str):
-    from pipelines.components import yaml_pipelines
-    from pipelines.models import PIPELINES
-
-    specs = [*PIPELINES, *yaml_pipelines()]
-    for spec in specs:
-        if spec.name == model and spec.trains:
-            return spec, specs
-    raise UsageError(f"no model pipeline named {model!r} in this code location; known: "
-                     f"{', '.join(sorted(s.name for s in specs if s.trains))}")
 
 
 def training_run_config(model: str, overrides: dict, sweep: bool | None) -> dict:
@@ -33,14 +22,14 @@ def training_run_config(model: str, overrides: dict, sweep: bool | None) -> dict
 
 
 def train_command(args: argparse.Namespace) -> int:
-    import dagster as dg
-
     from core.overrides import OVERRIDES_TAG, OverrideError, apply_overrides, override_record, overrides_tag, parse_set
+    from pipelines.assembly import location_definitions
     from pipelines.cli.inspection import print_lineage
     from pipelines.cli.instance import dagster_instance
-    from pipelines.definitions import build_definitions, training_job_name
+    from pipelines.cli.lookup import find_pipeline, workspace_of
 
-    spec, specs = _pipeline(args.model)
+    found = find_pipeline(args.model, workspace_of(args), args.location, trains=True)
+    spec, specs = found.spec, found.specs
     try:
         overrides = parse_set(args.set or [])
         apply_overrides(spec, overrides)  # refused here, before anything runs, as the op would
@@ -49,19 +38,20 @@ def train_command(args: argparse.Namespace) -> int:
     if args.no_sweep and spec.sweep is None:
         raise UsageError(f"pipeline {spec.name!r} declares no sweep; leave out --no-sweep")
     record = override_record(spec, overrides)
-    profile = Profile.from_environment()
+    # This environment's resources, with the folders the location imports its own code from, so
+    # its workers import the team's code as the location's own processes do.
+    profile = dataclasses.replace(Profile.from_environment(), code_paths=found.code_paths)
     owner = spec.dataset or spec.name  # a model on a shared dataset trains in its owner's job too
-    defs = build_definitions(profile, [s for s in specs if s.name in (spec.name, owner) or s.dataset == owner])
-    job = defs.resolve_job_def(training_job_name(spec))
+    defs = location_definitions(found.location.name, [s for s in specs if s.name in (spec.name, owner)
+                                                      or s.dataset == owner], profile)
     tags = {OVERRIDES_TAG: overrides_tag(record)} if record else {}
     print(f"training {spec.name}" + (f" with {tags[OVERRIDES_TAG]}" if tags else " as its pipeline says")
           + (" (no sweep)" if args.no_sweep else f" (sweep: {spec.sweep.describe()})" if spec.sweep else ""))
     with dagster_instance() as instance:
-        result = job.execute_in_process(
-            instance=instance, raise_on_error=False, tags=tags,
-            run_config=training_run_config(spec.name, overrides, False if args.no_sweep else None),
-            asset_selection=[dg.AssetKey([spec.name, "checkpoint"]), dg.AssetKey([spec.name, "model_version"])]
-            if spec.dataset else None)
+        job_name, selection = training_target(spec, instance)
+        result = defs.resolve_job_def(job_name).execute_in_process(
+            instance=instance, raise_on_error=False, tags=tags, asset_selection=selection,
+            run_config=training_run_config(spec.name, overrides, False if args.no_sweep else None))
     if not result.success:
         for event in result.all_events:
             if event.is_failure:
@@ -71,6 +61,23 @@ def train_command(args: argparse.Namespace) -> int:
     return print_lineage(profile, spec.name, None, as_json=False)
 
 
+def training_target(spec, instance) -> tuple[str, list | None]:
+    """(job, assets) a CLI training runs: the pipeline's own job. A model on a dataset of its own
+    location whose shards this instance never made (a fresh DAGSTER_HOME) runs in the dataset's job
+    instead, which ingests and shards first."""
+    import dagster as dg
+
+    from pipelines.assembly import training_job_name
+
+    if spec.dataset is None:
+        return training_job_name(spec), None
+    own = [dg.AssetKey([spec.name, "checkpoint"]), dg.AssetKey([spec.name, "model_version"])]
+    shards = dg.AssetKey([spec.dataset, "shards"])
+    if spec.published_elsewhere or instance.get_latest_materialization_event(shards) is not None:
+        return training_job_name(spec), own
+    return f"{spec.dataset}_training", [dg.AssetKey([spec.dataset, "raw_dataset"]), shards, *own]
+
+
 # --- sweeps --------------------------------------------------------------------------------------
 def sweeps_command(args: argparse.Namespace) -> int:
     import optuna
@@ -78,7 +85,10 @@ def sweeps_command(args: argparse.Namespace) -> int:
     from ops.sweep import sweep_storage_url
     from ops.sweep_trials import trial_records
     from pipelines.cli.instance import dagster_instance
+    from pipelines.cli.lookup import find_pipeline, workspace_of
 
+    if getattr(args, "location", None):
+        find_pipeline(args.model, workspace_of(args), args.location, trains=True)
     with dagster_instance() as instance:
         storage = sweep_storage_url(instance)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -90,7 +100,10 @@ def sweeps_command(args: argparse.Namespace) -> int:
         if not summaries:
             raise UsageError(f"model {args.model!r} has no sweep {args.study!r}; `sweeps {args.model}` lists them")
     if not summaries:
-        print(f"model {args.model!r} has no sweeps (a pipeline with a sweep runs one whenever it trains)")
+        found = find_pipeline(args.model, workspace_of(args), getattr(args, "location", None), trains=True)
+        where = f"code location {found.location.name!r}"
+        print(f"model {args.model!r} has no sweeps: its pipeline ({where}) declares none" if found.spec.sweep is None
+              else f"model {args.model!r} has no sweeps yet (its pipeline, {where}, runs one whenever it trains)")
         return 0
     studies = [(s, trial_records(optuna.load_study(study_name=s.study_name, storage=storage))) for s in summaries]
     if args.compare:

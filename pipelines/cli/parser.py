@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import getpass
-import os
 from pathlib import Path
 
 from pipelines.cli.annotation import comment_command, promote_command, rollback_command
-from pipelines.cli.demo import demo_command
+from pipelines.cli.demo import DEMO_HELP, demo_command
 from pipelines.cli.experiments import sweeps_command, train_command
+from pipelines.cli.export import export_command
 from pipelines.cli.inspection import (
     compare_command,
     datasets_command,
@@ -26,6 +25,7 @@ from pipelines.cli.platform_care import (
 )
 from pipelines.cli.predict import predict_command
 from pipelines.cli.reproduce import reproduce_command
+from pipelines.cli.sources import sources_add_command, sources_examples_command
 from pipelines.cli.tensorboard import DEFAULT_PORT, port_number, tensorboard_command
 
 
@@ -37,8 +37,19 @@ def version_number(text: str) -> int:
     return int(digits)
 
 
-def default_actor() -> str:
-    return os.environ.get("USER") or getpass.getuser()
+# The identity recorded is the one the platform verifies (core/identity.py); what --by says is a note.
+NOTE_HELP = ("A note shown beside your identity, e.g. on whose behalf. It is not the identity: the record names "
+             "the lakeFS user behind the store's credentials, else your OS user marked as not authenticated.")
+
+
+def location_args(p: argparse.ArgumentParser) -> None:
+    """Where a command looks for the pipeline it names (pipelines/cli/lookup.py)."""
+    p.add_argument("--location", default=None,
+                   help="The code location that defines the pipeline (default: whichever location of the "
+                        "workspace does).")
+    p.add_argument("--workspace", type=Path, default=None,
+                   help="The workspace file listing the code locations (default: workspace.yaml in the current "
+                        "directory, else the repository's).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m pipelines",
         description="Run the demo and question model versions: their lineage, differences, reproduction, "
                     "comments and the production alias; predict with a version; see versions' training curves in "
-                    "TensorBoard; list dataset versions; check the "
-                    "workspace; clean the store. The platform is the one at DAGSTER_HOME.")
+                    "TensorBoard; list dataset versions; commit source files; check the "
+                    "workspace; clean the store. The platform is the one at DAGSTER_HOME; a pipeline is found in "
+                    "any code location of workspace.yaml.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, func) -> argparse.ArgumentParser:
@@ -57,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("model", help="Model name, e.g. digits.")
+        location_args(p)
 
-    command("demo", "Run the digits job once on this profile and print the lineage of each version it registered.",
-            demo_command)
+    command("demo", DEMO_HELP, demo_command)
 
     p = command("train", "Train a model (its sweep, if it declares one) in this process, with its pipeline's settings changed for this run "
                          "only (recorded in the lineage as overrides; the run is tagged platform/overrides), then "
@@ -67,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_arg(p)
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                    help="Override one setting, e.g. train.lr=0.005, train.seed=1, model.hidden_sizes=[64], "
-                        "gate.test_accuracy.min=0.8 (values are read as JSON). Repeatable.")
+                        "gate.test_accuracy.min=0.8, guards.hang_timeout_s=120 (values are read as JSON). "
+                        "Repeatable.")
     p.add_argument("--no-sweep", action="store_true", help="Train the recipe once instead of the pipeline's sweep.")
 
     p = command("sweeps", "List a model's sweeps and their trials (parameters, objective, pruned step); "
@@ -108,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=1e-6,
                    help="Largest absolute difference of a figure counted as reproduced (default 1e-6).")
     p.add_argument("--work-dir", default=None, help="Where to train (default: <data root>/reproductions/...).")
+    p.add_argument("--exact", action="store_true",
+                   help="Also require bit-identical weights (the same sha256): what the same machine and code give "
+                        "on CPU (docs/questioning-versions.md says when).")
 
     p = command("predict", "Load a registered model version and predict on INPUT: a CSV file of feature rows (table "
                            "models), an image file (image models) or a text prompt (text models; a language model "
@@ -123,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Sampling temperature of a language model (default 1.0).")
     p.add_argument("--top-k", type=int, default=None, help="Sample among the k likeliest tokens (default: all).")
     p.add_argument("--json", action="store_true", help="Print the predictions as JSON.")
+
+    p = command("export", "Write a version's self-contained folder into DIR for deployment: weights, card, tokenizer, "
+                          "ONNX, lineage.json and a README on loading it with safetensors or onnxruntime (copied "
+                          "byte for byte, sha256 checked).", export_command)
+    model_arg(p)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--version", type=version_number, default=None, help="Version number (default: the newest).")
+    which.add_argument("--alias", default=None, help="Export the version an alias points at, e.g. production.")
+    p.add_argument("dir", metavar="DIR", help="Where to write it: a new or empty folder.")
 
     p = command("tensorboard", "Show a model's versions side by side in TensorBoard: copy each version's event files "
                                "from the artifact store into a log directory (one run per version, v1, v2, ...) and "
@@ -142,29 +167,55 @@ def build_parser() -> argparse.ArgumentParser:
     model_arg(p)
     p.add_argument("version", type=version_number, help="The version the note is about.")
     p.add_argument("text", help="The note.")
-    p.add_argument("--author", default=default_actor(), help="Who writes it (default: $USER).")
+    p.add_argument("--by", "--author", dest="note", default=None, help=NOTE_HELP)
 
     p = command("promote", "Point the production alias at a version (audited).", promote_command)
     model_arg(p)
     p.add_argument("version", type=version_number, help="The version to put in production.")
-    p.add_argument("--by", default=default_actor(), help="Who promotes (default: $USER).")
+    p.add_argument("--by", dest="note", default=None, help=NOTE_HELP)
 
     p = command("rollback", "Return the production alias to the version it pointed at before (audited).",
                 rollback_command)
     model_arg(p)
-    p.add_argument("--by", default=default_actor(), help="Who rolls back (default: $USER).")
+    p.add_argument("--by", dest="note", default=None, help=NOTE_HELP)
 
     p = command("datasets", "List a dataset's published versions (<dataset>-d<N>) with sample counts, data checks "
                             "and the model versions trained on each; without a name, the datasets.", datasets_command)
     p.add_argument("dataset", nargs="?", default=None, help="Dataset name, e.g. digits.")
     p.add_argument("--json", action="store_true", help="Print the versions as JSON.")
+    location_args(p)
+
+    what = ("Source files of dataset pipelines: commit new ones to the store's sources area (`add`), or write the "
+            "example pipelines' data (`examples`).")
+    p = sub.add_parser("sources", help=what, description=what)
+    sources = p.add_subparsers(dest="sources_command", required=True)
+    q = sources.add_parser("add", help="Commit files to main under the store's sources/ area, where the dataset's "
+                                       "pipeline reads them and its new-data sensor sees them (local store or lakeFS).",
+                           description="Commit files to main under the store's sources/ area, beside the files the "
+                                       "dataset's pipeline reads (a folder: every file in it, keeping its sub-folders, "
+                                       "e.g. one per image class). Its new-data sensor then starts a run.")
+    q.set_defaults(func=sources_add_command)
+    q.add_argument("dataset", help="The pipeline that reads the sources, e.g. digits.")
+    q.add_argument("files", nargs="+", metavar="FILE", help="Files or folders to commit.")
+    q.add_argument("--to", default=None, metavar="PATH",
+                   help="Store path under sources/ for a single file, e.g. digits/digits.csv to replace that file.")
+    location_args(q)
+    q = sources.add_parser("examples", help="Write the example pipelines' data (digits CSV, shapes images, pydoc "
+                                            "text) under DAGSTER_HOME/platform/sources; make demo does it too.",
+                           description="Write the example pipelines' data (digits CSV, shapes images, pydoc text) "
+                                       "under the local sources folder, DAGSTER_HOME/platform/sources; existing "
+                                       "files are kept.")
+    q.set_defaults(func=sources_examples_command)
 
     p = command("housekeeping", "List what store housekeeping would delete (merged or old run branches, checkpoints "
                                 "of runs never registered, old reproductions) with the reasons; --apply deletes. "
                                 "Never what a model version's lineage points at.", housekeeping_command)
     p.add_argument("--older-than-days", type=float, default=7.0,
                    help="Only what has been untouched for longer than this (default 7).")
-    p.add_argument("--apply", action="store_true", help="Delete the items listed (default: a dry run).")
+    p.add_argument("--apply", action="store_true", help="Delete the items listed (default: a dry run); recorded "
+                                                         "in the audit trail with your verified identity.")
+    p.add_argument("--by", dest="note", default=None, help=NOTE_HELP)
+    p.add_argument("--history", action="store_true", help="List the recorded applies (who, when, what) instead.")
 
     p = command("workspace", "Load every code location of a workspace and check that pipeline and dataset names are "
                              "unique across them and shared datasets are published where they are read from.",

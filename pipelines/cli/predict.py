@@ -11,9 +11,16 @@ from pipelines.cli.errors import UsageError
 
 def predict_command(args: argparse.Namespace) -> int:
     # Deferred: serving imports torch (seconds), which the other commands do not need.
+    from core.registry import read_lineage
+    from pipelines.cli.lookup import model_code, require_model
+    from pipelines.profiles import Profile
     from pipelines.serving import PredictionInputError, load_model, predict
 
-    loaded = load_model(args.model, version=args.version, alias=args.alias)
+    store = Profile.from_environment().store()
+    require_model(args, store)
+    # A card naming the team's model factory or task imports it from where its location does.
+    model_code(args, args.model, read_lineage(store, args.model, args.version)["training"]["config"])
+    loaded = load_model(args.model, version=args.version, alias=args.alias, store=store)
     try:
         rows = predict(loaded, args.input, max_new_tokens=args.max_new_tokens, seed=args.seed,
                        temperature=args.temperature, top_k=args.top_k)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from core.identity import describe_entry
 from core.lineage import LineageRow, lineage_heading, lineage_rows
 from pipelines.cli.compare import SECTIONS, compare_rows, dataset_prefix
 
@@ -40,7 +41,7 @@ def format_lineage(record: dict, resolved: Mapping[str, str | None] | None, prod
     if comments:
         rows.append(LineageRow("comments", str(len(comments))))
     lines = [lineage_heading(record), *(f"  {row.field:<15} {_terminal_value(row)}" for row in rows)]
-    lines.extend(f"    {c['created_at']}  {c['author']}: {c['text']}" for c in comments)
+    lines.extend(f"    {c['created_at']}  {describe_entry(c, 'author')}: {c['text']}" for c in comments)
     return "\n".join(lines)
 
 
@@ -54,19 +55,25 @@ def format_production(alias: dict, version: int) -> str:
     if current is None:
         return "no version is in production"
     last = alias["history"][-1]
-    how = f"({last['action']} by {last['by']} at {last['at']})"
+    how = f"({last['action']} by {describe_entry(last)} at {last['at']})"
     if current == version:
         return f"this version, v{version}, is in production {how}"
     return f"v{current} is in production, not this version {how}"
 
 
-def format_versions(records: list[dict], production_version: int | None, comment_counts: list[int]) -> str:
-    """One line per version, oldest first; ``comment_counts`` in the same order as ``records``."""
+def format_versions(records: list[dict], production: dict, comment_counts: list[int]) -> str:
+    """One line per version, oldest first (``comment_counts`` in the same order as ``records``), then
+    who moved the production alias last."""
+    production_version = production.get("version")
     rows = [["production" if production_version == r["version"] else "", f"v{r['version']}", r["created_at"],
              headline(r["evaluation"]["test"]), r["data"]["shards_commit"][:12], str(n)]
             for r, n in zip(records, comment_counts, strict=True)]
     header = "test acc" if all(headline(r["evaluation"]["test"])[0].isdigit() for r in records) else "test metric"
-    return "\n".join(table(["alias", "version", "created", header, "shards", "comments"], rows, indent=""))
+    lines = table(["alias", "version", "created", header, "shards", "comments"], rows, indent="")
+    if production.get("history"):
+        last = production["history"][-1]
+        lines.append(f"production: v{last['to']} since the {last['action']} by {describe_entry(last)} at {last['at']}")
+    return "\n".join(lines)
 
 
 # The one figure a versions listing shows per task: accuracy where there is one, else the task's own.
@@ -149,7 +156,9 @@ def format_reproduction(record: dict, rows: list[tuple[str, object, object, bool
         else:
             delta = "identical" if a == b else "different"
         body.append([DIFF_MARK if ok is False else "", name, format_value(a), format_value(b), delta])
+    exact = any(name == "weights sha256" and ok is not None for name, _, _, ok in rows)  # reproduce --exact
+    weights = "the weights must be the same bytes" if exact else "the weights rows are for information"
     lines = [f"{record['model']} v{record['version']}: original vs reproduction "
-             f"({DIFF_MARK} marks a difference beyond {tolerance:g}; the weights rows are for information)"]
+             f"({DIFF_MARK} marks a difference beyond {tolerance:g}; {weights})"]
     lines.extend(table(["", "figure", "original", "reproduction", "difference"], body))
     return "\n".join(lines)

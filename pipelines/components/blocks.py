@@ -20,6 +20,7 @@ from pydantic import Field, PrivateAttr, TypeAdapter, ValidationError
 
 from core.placement import Placement
 from core.spec import (
+    Guards,
     PipelineDefinitionError,
     PipelineSpec,
     gate_from,
@@ -42,13 +43,20 @@ _YAML_KEY_OF_SPEC_FIELD = {"feature_columns": "features", "label_column": "label
 
 _RECIPE_HELP = ("Training recipe: epochs, batch_size (global), lr, optimizer, weight_decay, lr_schedule, "
                 "warmup_steps, grad_accum_steps, seed, world_size (processes per node), nnodes, sharding, "
-                "precision, checkpoint_every_steps, keep_last_checkpoints, async_checkpoint, max_restarts. "
+                "precision, fsdp_units (module class names that FSDP shards as units), fsdp_unit_params, "
+                "activation_checkpointing, checkpoint_every_steps, keep_last_checkpoints, async_checkpoint, max_restarts. "
                 "GPUs: gpus_per_node, nnodes, gpu_resource_name (a MIG profile such as nvidia.com/mig-1g.10gb); "
                 "where the pods run is the placement section.")
 _SWEEP_HELP = ("A search run whenever the pipeline trains (core/sweep.py): space (train.<field> or "
                "model.<kwarg>: a list of values, or {low, high, log, integer, step}), objective (a validation "
                "metric), direction, trials, parallelism, sampler (tpe, random, grid), pruner (median, "
                "successive_halving, none). The best trial is evaluated and registered.")
+_GUARDS_HELP = ("What watches the training, the built-in trainer and a train function alike: hang_timeout_s "
+                "(no step for this long: stacks printed, the attempt retried; below recipe.collective_timeout_s; "
+                "null: off), nonfinite_skip_batches (0: a non-finite loss stops the run, not retried), "
+                "loss_spike_factor, loss_spike_window, straggler_factor, straggler_window, straggler_min_excess_s, "
+                "data_stall_share, gpu_max_temperature_c, repeat_after_intervals, enabled. Each is described in "
+                "training_runtime/config.py (GuardsConfig).")
 _PLACEMENT_HELP = ("Where training pods run on Kubernetes (core/placement.py): node_selector, tolerations, "
                    "affinity (as in a pod spec), priority_class (default: the chart's training class for "
                    "scheduled and new-data runs, its ad-hoc class otherwise), cpu, memory, shm (fixed pod "
@@ -79,7 +87,7 @@ def _suite(pipeline: str, path: str | None) -> QualitySuite | None:
 
 
 def _section(pipeline: str, field_name: str, cls: type, value: dict[str, Any]) -> Any:
-    """``value`` as a ``cls`` (Recipe, QualityGate, Triggers, Split), each key checked against its type.
+    """``value`` as a ``cls`` (Recipe, Guards, QualityGate, Triggers, Split), each key checked against its type.
 
     YAML gives strings and numbers as written; checked here, ``epochs: three`` is reported at its
     own key instead of failing inside the spec's validation, and a misspelt key is not ignored.
@@ -247,6 +255,7 @@ class TrainingBlock(Block):
     model_name: str = Field(description="Registry name (mlp, cnn, transformer) or 'package.module:factory'.")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Model constructor arguments.")
     recipe: dict[str, Any] = Field(default_factory=dict, description=_RECIPE_HELP)
+    guards: dict[str, Any] = Field(default_factory=dict, description=_GUARDS_HELP)
     placement: dict[str, Any] = Field(default_factory=dict, description=_PLACEMENT_HELP)
     sweep: dict[str, Any] | None = Field(default=None, description=_SWEEP_HELP)
     gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate: bounds on evaluation metrics, "
@@ -276,7 +285,8 @@ class TrainingBlock(Block):
             model=self.model_name, model_kwargs=self.model_kwargs, recipe=_section(n, "recipe", Recipe, self.recipe),
             gate=gate_from(n, self.gate), triggers=_section(n, "triggers", Triggers, self.triggers),
             team=self.team, description=self.description, task=self.task, train=self.train,
-            placement=_section(n, "placement", Placement, self.placement), sweep=self.sweep)
+            placement=_section(n, "placement", Placement, self.placement), sweep=self.sweep,
+            guards=_section(n, "guards", Guards, self.guards))
 
 
 @dg.scaffold_with(BlockScaffolder)
@@ -296,6 +306,7 @@ class ModelPipelineComponent(Block):
     model_name: str = Field(default="mlp", description="Registry name (mlp, cnn, transformer) or import path.")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="Model constructor arguments.")
     recipe: dict[str, Any] = Field(default_factory=dict, description=_RECIPE_HELP)
+    guards: dict[str, Any] = Field(default_factory=dict, description=_GUARDS_HELP)
     placement: dict[str, Any] = Field(default_factory=dict, description=_PLACEMENT_HELP)
     sweep: dict[str, Any] | None = Field(default=None, description=_SWEEP_HELP)
     gate: dict[str, Any] = Field(default_factory=dict, description="Quality gate: bounds on evaluation metrics, "
@@ -326,6 +337,6 @@ class ModelPipelineComponent(Block):
             triggers=_section(n, "triggers", Triggers, self.triggers),
             split=_section(n, "split", Split, self.split), team=self.team, description=self.description,
             task=self.task, train=self.train, placement=_section(n, "placement", Placement, self.placement),
-            sweep=self.sweep)
+            sweep=self.sweep, guards=_section(n, "guards", Guards, self.guards))
 
 

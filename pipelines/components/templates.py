@@ -2,7 +2,7 @@
 
 Lines marked REQUIRED hold an empty value that does not load: left as written, loading the block
 fails at that line. Optional fields are commented out with their defaults; the defaults of recipe,
-gate, triggers and split are read from core.spec, so the templates cannot drift from them.
+guards, gate, triggers and split are read from core.spec, so the templates cannot drift from them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from dataclasses import MISSING, fields
 from string import Template
 
-from core.spec import QualityGate, Recipe, Split, Triggers
+from core.spec import Guards, QualityGate, Recipe, Split, Triggers
 
 _HEADER = """\
 # $what "$name", scaffolded from the $kind template (pipelines/components/templates.py).
@@ -58,6 +58,9 @@ attributes:
   # train: null  # 'package.module:function' run on every rank with a TrainingContext instead of the built-in loop
   # recipe:  # how to train; GPUs: gpus_per_node, nnodes, gpu_resource_name (or a MIG profile)
 $recipe
+  # guards:  # what watches the training (training_runtime/config.py GuardsConfig): a hang (no step for
+  #          # hang_timeout_s, below recipe.collective_timeout_s) is retried; a non-finite loss stops the run
+$guards
   # placement:  # where training pods run on Kubernetes (core/placement.py)
   #   node_selector: {}  # e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
   #   tolerations: []  # e.g. [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
@@ -102,6 +105,8 @@ attributes:
   # train: null  # 'package.module:function': your own training loop, run on every rank
   # recipe:  # how to train; GPUs: gpus_per_node, nnodes, gpu_resource_name (or a MIG profile)
 $recipe
+  # guards:  # what watches the training: hang_timeout_s, nonfinite_skip_batches, ... (GuardsConfig)
+$guards
   # placement:  # where training pods run on Kubernetes: node_selector, tolerations, affinity,
   #             # priority_class, cpu, memory, shm (core/placement.py)
   # sweep:  # an Optuna search at every training (core/sweep.py): space, objective, trials, parallelism
@@ -135,5 +140,5 @@ def render(kind: str, name: str) -> str:
     """The defs.yaml text of a new ``kind`` block named ``name``."""
     _, what, template = TEMPLATES[kind]
     return Template(template).substitute(
-        name=name, kind=kind, what=what, recipe=_defaults(Recipe), gate=_defaults(QualityGate),
+        name=name, kind=kind, what=what, recipe=_defaults(Recipe), guards=_defaults(Guards), gate=_defaults(QualityGate),
         triggers=_defaults(Triggers), split=_defaults(Split))

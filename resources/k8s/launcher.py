@@ -21,7 +21,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from pydantic import Field
 
-from resources.k8s.client import TrainingJobClient
+from resources.k8s.client import TrainingJobClient, TrainingJobFailed
 from resources.k8s.fabric import rdma_profile, rdma_settings
 from resources.k8s.feasibility import check_feasibility
 from resources.k8s.kueue import kueue_keys, kueue_settings, scheduler_name
@@ -40,6 +40,7 @@ from resources.launch.base import TrainingJob, TrainingLauncher
 from resources.launch.live_telemetry import ForwardsTrainingMessages
 from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
 from training_runtime.atomic_files import atomic_write_bytes
+from training_runtime.observe.attempts import attempts_root, launch_outcome
 from training_runtime.observe.build_info import EXPECTED_CODE_VERSION_ENV
 
 
@@ -100,10 +101,28 @@ def run_training_job(
                 pod_name=rank0.metadata.name,
                 namespace=namespace,
             )
-            client.wait_finished(name, namespace)
+            try:
+                client.wait_finished(name, namespace)
+            except TrainingJobFailed as exc:
+                raise with_training_account(exc, job) from exc
             # While the pods exist: their status has the digest each node ran.
             record_image_digests(context, client.image_ids(name, namespace), Path(job.config["output_dir"]))
     return dg.PipesClientCompletedInvocation(session)
+
+
+def with_training_account(exc: TrainingJobFailed, job: TrainingJob) -> TrainingJobFailed:
+    """The Job's failure with the training's own account of it: the attempt records the ranks
+    left beside the checkpoints on the shared volume (training_runtime/observe/attempts.py), which
+    say why in the runtime's words and whether a new attempt can fix it. The pods' termination
+    messages hold only their logs' tails, which after a failure that stops torchrun's agent end
+    with the agent's own exit."""
+    outcome = launch_outcome(attempts_root(job.config["checkpoint"]["dir"]), int(job.config.get("launch", 1)))
+    if outcome is None:
+        return exc
+    name = (outcome.failure or {}).get("exception")
+    what = f"{name}: {outcome.message}" if name and not outcome.message.startswith(name) else outcome.message
+    retry = "not retried: a new attempt would fail the same way" if outcome.deterministic else "a retry may fix it"
+    return TrainingJobFailed(f"{exc}\nthe training's own account ({retry}): {what}")
 
 
 def image_digest(image_id: str) -> str:
@@ -194,7 +213,7 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
     s3_secret: str | None = Field(
         default="model-factory-s3",
         description="Secret with AWS_* keys for s3:// data, by name (helm/model-factory's "
-        "secrets.s3.name); None: pods get no AWS credentials.",
+        "secrets.s3.trainingName, the training key); None: pods get no AWS credentials.",
     )
     image_pull_secrets: list[str] = Field(default_factory=list)
     cluster_domain: str = Field(default="cluster.local")
@@ -223,7 +242,7 @@ class KubernetesTrainingLauncher(dg.ConfigurableResource, TrainingLauncher):
     lakefs_secret: str | None = Field(
         default="model-factory-lakefs",
         description="Secret with LAKEFS_ACCESS_KEY_ID / LAKEFS_SECRET_ACCESS_KEY (the chart's "
-        "secrets.lakefs.name): pods reading shards through lakeFS's S3 gateway use these keys.",
+        "secrets.lakefs.trainingName): pods reading shards through lakeFS's S3 gateway use these keys.",
     )
     training_priority_class: str | None = Field(
         default=None, description="PriorityClass of scheduled and new-data runs' pods (chart: priorityClasses.training)."

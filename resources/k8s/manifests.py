@@ -82,7 +82,7 @@ class PodSettings:
     # take the first, runs started by hand the second, unless the pipeline's placement names one.
     training_priority_class: str | None = None
     adhoc_priority_class: str | None = None
-    # The lakeFS credentials Secret (chart value secrets.lakefs.name) as AWS_* variables: pods that
+    # The lakeFS credentials Secret (chart value secrets.lakefs.trainingName) as AWS_* variables: pods that
     # read shards through lakeFS's S3 gateway get these instead of the S3 secret's (secret_env).
     lakefs_secret_env: tuple[SecretEnv, ...] = ()
     # Kueue queueing (resources/k8s/kueue.py): Jobs start suspended in the team's LocalQueue; None: off.
@@ -109,9 +109,9 @@ def credential_env(job: TrainingJob, settings: PodSettings) -> tuple[SecretEnv, 
         raise ValueError(
             f"training job {job.name!r} reads its shards through lakeFS's S3 gateway "
             f"({job.config['data']['s3_endpoint_url']}) but no lakeFS Secret is configured: set the "
-            "model-factory chart's secrets.lakefs.name (MODEL_FACTORY_LAKEFS_SECRET in the "
-            "model-factory-platform ConfigMap) to the Secret holding LAKEFS_ACCESS_KEY_ID and "
-            "LAKEFS_SECRET_ACCESS_KEY."
+            "model-factory chart's secrets.lakefs.trainingName (MODEL_FACTORY_TRAINING_LAKEFS_SECRET in the "
+            "model-factory-platform ConfigMap) to the Secret holding the training pods' LAKEFS_ACCESS_KEY_ID "
+            "and LAKEFS_SECRET_ACCESS_KEY."
         )
     return settings.lakefs_secret_env
 

@@ -30,6 +30,11 @@ ENV_SHARED_CLAIM = "MODEL_FACTORY_SHARED_CLAIM"
 ENV_SHARED_MOUNT = "MODEL_FACTORY_SHARED_MOUNT"
 ENV_S3_SECRET = "MODEL_FACTORY_S3_SECRET"
 ENV_LAKEFS_SECRET = "MODEL_FACTORY_LAKEFS_SECRET"
+# The training pods' own keys (least privilege: read shards, write their run's checkpoints), apart
+# from the orchestrator's above. A ConfigMap without them (charts before the split) gives the
+# training pods the orchestrator's Secrets, as before.
+ENV_TRAINING_S3_SECRET = "MODEL_FACTORY_TRAINING_S3_SECRET"
+ENV_TRAINING_LAKEFS_SECRET = "MODEL_FACTORY_TRAINING_LAKEFS_SECRET"
 ENV_PULL_SECRETS = "MODEL_FACTORY_IMAGE_PULL_SECRETS"
 ENV_CLUSTER_DOMAIN = "MODEL_FACTORY_CLUSTER_DOMAIN"
 ENV_TRAINING_PRIORITY = "MODEL_FACTORY_TRAINING_PRIORITY_CLASS"
@@ -74,8 +79,10 @@ def platform_settings(environ: Mapping[str, str], *, image: str | None = None) -
             "from the 'model-factory-platform' ConfigMap (helm/model-factory); add it to the "
             "code location's envConfigMaps as helm/dagster-values.yaml does."
         )
-    secret = environ.get(ENV_S3_SECRET)
-    lakefs = environ.get(ENV_LAKEFS_SECRET)
+    # Both names are read, so the launcher resource carries every chart setting (platform_environ).
+    orchestrator_s3, orchestrator_lakefs = environ.get(ENV_S3_SECRET), environ.get(ENV_LAKEFS_SECRET)
+    secret = environ.get(ENV_TRAINING_S3_SECRET) or orchestrator_s3
+    lakefs = environ.get(ENV_TRAINING_LAKEFS_SECRET) or orchestrator_lakefs
     pull = tuple(s for s in environ.get(ENV_PULL_SECRETS, "").split(",") if s)
     return PodSettings(
         namespace=environ[ENV_NAMESPACE],

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import dagster as dg
 
+    from training_runtime.observe.attempts import LaunchOutcome
+
 
 # Pod size per GPU, chosen for 8-GPU H100/H200 nodes so that an 8-GPU pod still fits the smallest
 # common one (96 vCPU and 1.9 TiB on Azure ND H100/H200 v5; DGX/HGX and the other clouds' shapes have
@@ -161,3 +163,13 @@ class TrainingLauncher(ABC):
         (layout in rank_logs.py), readable from the process that launched it once ``launch``
         returns or raises; None when it keeps none."""
         return None
+
+    def failure_of(self, job: TrainingJob) -> LaunchOutcome | None:
+        """Why this launch of ``job`` failed, in the runtime's words, and whether a retry can fix it:
+        read from the attempt records the ranks leave beside the checkpoints
+        (training_runtime/observe/attempts.py). Both launchers' workers write them to a volume the
+        launching process sees at the same path (the Kubernetes step pod mounts the training
+        volume). None when the workers left none (killed before they could write)."""
+        from training_runtime.observe.attempts import attempts_root, launch_outcome
+
+        return launch_outcome(attempts_root(job.config["checkpoint"]["dir"]), int(job.config.get("launch", 1)))

@@ -7,7 +7,8 @@ list), and each custom message is also handed, as it arrives, to ``LiveTrainingM
 - a "telemetry" message becomes an ``AssetObservation`` of the asset being materialized. Dagster
   1.13 charts the numeric (int and float) metadata of an unpartitioned asset's last 100
   materializations and observations on its Overview page (Metadata, "Plots"), one point per event
-  at its timestamp, so each figure draws a curve that grows during the run;
+  at its timestamp, so each figure draws a curve that grows during the run (every message of a
+  short training; a long one's thinned, resources/launch/observation_thinning.py);
 - a "detection" message (a guard of the runtime fired) becomes a warning or error in the run's log.
 
 The reader thread calls these; a Pipes handler already logs from that thread (``pipes.log``), and
@@ -24,6 +25,9 @@ from functools import cached_property
 from typing import Any, Callable, Iterator, Mapping
 
 import dagster as dg
+
+from resources.launch.observation_thinning import ObservationThinning
+from resources.launch.pipes_reader import CompleteLineTempFileMessageReader
 
 # Per-rank lists are summarised: the chart needs one number per figure and event, and the spread
 # across ranks (slowest over median) is what shows a straggler or a starved loader.
@@ -118,6 +122,11 @@ class LiveTrainingMessages:
     def __init__(self, context: dg.OpExecutionContext | dg.AssetExecutionContext):
         self.context = context
         self.last_validation: dict[str, Any] | None = None
+        # A long training's telemetry is thinned (resources/launch/observation_thinning.py); the
+        # latest message thinning skipped is observed when the session closes, so the chart ends
+        # at the training's last figures.
+        self.thinning = ObservationThinning()
+        self.skipped: tuple[dict[str, Any], dict[str, Any] | None] | None = None
 
     @cached_property
     def asset_key(self) -> dg.AssetKey | None:
@@ -131,13 +140,26 @@ class LiveTrainingMessages:
         if kind == "validation":
             self.last_validation = payload
         elif kind == "telemetry" and self.asset_key is not None:
-            step = payload.get("step")
-            self.context.log_event(dg.AssetObservation(
-                asset_key=self.asset_key, description=f"training telemetry at step {step}",
-                metadata=telemetry_metadata(payload, self.last_validation)))
+            if self.thinning.keep():
+                self.skipped = None
+                self._observe(payload, self.last_validation)
+            else:
+                self.skipped = (payload, self.last_validation)
         elif kind == "detection":
             level, line = detection_log_line(payload)
             self.context.log.log(level, line)
+
+    def _observe(self, payload: dict[str, Any], validation: dict[str, Any] | None) -> None:
+        self.context.log_event(dg.AssetObservation(
+            asset_key=self.asset_key, description=f"training telemetry at step {payload.get('step')}",
+            metadata=telemetry_metadata(payload, validation)))
+
+    def flush(self) -> None:
+        """Observe the last telemetry message if thinning skipped it."""
+        if self.skipped is not None:
+            payload, validation = self.skipped
+            self.skipped = None
+            self._observe(payload, validation)
 
 
 class ForwardingMessageHandler:
@@ -178,7 +200,11 @@ class ForwardsTrainingMessages:
     def read_messages(self, handler: Any) -> Iterator[Any]:
         with super().read_messages(ForwardingMessageHandler(handler, self.live)) as params:  # type: ignore[misc]
             yield params
+        # After the reader has delivered every message (a failed session raises before this: its
+        # figures up to the last observed one are what there is to see).
+        self.live.flush()
 
 
-class LiveTempFileMessageReader(ForwardsTrainingMessages, dg.PipesTempFileMessageReader):
-    """``PipesSubprocessClient``'s default reader (a file it tails), forwarding live."""
+class LiveTempFileMessageReader(ForwardsTrainingMessages, CompleteLineTempFileMessageReader):
+    """``PipesSubprocessClient``'s default reader (a file it tails, by whole lines only:
+    resources/launch/pipes_reader.py), forwarding live."""

@@ -54,16 +54,30 @@ def rank_log_options(log_dir: Path | None) -> list[str]:
     return [] if log_dir is None else [f"--log-dir={log_dir}", "--tee=3"]
 
 
+# The checkout the workers import training_runtime (and the platform's own code) from.
+PLATFORM_ROOT = Path(__file__).resolve().parents[2]
+
+
+def worker_python_path(python_path: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> str:
+    """PYTHONPATH of local workers: the code location's import roots (a team package outside the
+    repository), then this checkout, then whatever PYTHONPATH the launching process had; each once."""
+    environ = os.environ if environ is None else environ
+    entries = [*python_path, str(PLATFORM_ROOT), *environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(p for p in entries if p))
+
+
 def worker_env(job: TrainingJob, devices: Sequence[str], *, extra_env: Mapping[str, str] | None = None,
-               environ: Mapping[str, str] | None = None, cpu_count: int | None = None) -> dict[str, str]:
-    """The environment of one local launch's torchrun workers, given the GPUs reserved for it."""
+               environ: Mapping[str, str] | None = None, cpu_count: int | None = None,
+               python_path: Sequence[str] = ()) -> dict[str, str]:
+    """The environment of one local launch's torchrun workers, given the GPUs reserved for it;
+    ``python_path``: the code location's import roots (see ``worker_python_path``)."""
     environ = os.environ if environ is None else environ
     cpus = (os.cpu_count() or 1) if cpu_count is None else cpu_count
     return {
-        # Workers must import training_runtime from this checkout and keep BLAS to their share
-        # of the cores: N ranks x all cores each would thrash a small machine.
-        "PYTHONPATH": os.pathsep.join(p for p in [str(Path(__file__).resolve().parents[2]),
-                                                  environ.get("PYTHONPATH", "")] if p),
+        # Workers import training_runtime from this checkout and the team's code from where its
+        # location imports it; and keep BLAS to their share of the cores: N ranks x all cores
+        # each would thrash a small machine.
+        "PYTHONPATH": worker_python_path(python_path, environ),
         "OMP_NUM_THREADS": str(max(1, cpus // max(1, job.nproc_per_node))),
         # A worker's stdout is a file under --tee, which Python would block-buffer: lines would
         # reach the console (and the file) kilobytes late, or never when the worker is killed.
@@ -76,16 +90,18 @@ def worker_env(job: TrainingJob, devices: Sequence[str], *, extra_env: Mapping[s
 
 
 class LocalTorchrunLauncher(TrainingLauncher):
-    """Runs the job's torchrun on this machine, on GPUs no other local run holds.
+    """Runs the job's torchrun on this machine, on GPUs no other local run holds, with the code
+    location's ``python_path`` first on the workers' PYTHONPATH.
 
     ``device_count`` fixes how many GPUs the machine has (tests); None asks CUDA when a job first
     needs GPUs. Device locks live under ``work_root``: launchers sharing a GPU host must share it."""
 
     def __init__(self, work_root: Path, python: str = sys.executable, extra_env: dict[str, str] | None = None,
-                 *, device_count: int | None = None, device_wait_s: float = 600.0):
+                 *, device_count: int | None = None, device_wait_s: float = 600.0, python_path: Sequence[str] = ()):
         self.work_root = Path(work_root)
         self.python = python
         self.extra_env = dict(extra_env or {})
+        self.python_path = tuple(python_path)  # the code location's import roots (worker_python_path)
         self.device_count = device_count
         self.device_wait_s = device_wait_s
 
@@ -109,7 +125,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
                              wait_s=self.device_wait_s, log=context.log.info) as devices:
             if devices:
                 context.log.info(f"{job.name} trains on GPU(s) {', '.join(devices)} of this machine")
-            env = worker_env(job, devices, extra_env=self.extra_env)
+            env = worker_env(job, devices, extra_env=self.extra_env, python_path=self.python_path)
             client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir),
                                               message_reader=LiveTempFileMessageReader(context=context))
             command = torchrun_command(job, config_path, self.python, log_dir=new_launch_dir(self.log_dir(job)))

@@ -112,7 +112,15 @@ def shared_demo_platform(tmp_path_factory) -> DemoPlatform:
             _BUILT["platform"] = DemoPlatform(home=home, run_ids=json.loads((home / "demo_runs.json").read_text()))
         else:
             _BUILT["platform"] = build_demo_platform(home)
+        # The docs' example tests compare their output with the platform as built; the tests here
+        # comment, promote and reproduce on this one, so they get an untouched copy.
+        shutil.copytree(home, home.parent / "pristine", symlinks=True)
     return _BUILT["platform"]
+
+
+def pristine_demo_home(tmp_path_factory) -> Path:
+    """A copy of the shared platform's home as it was built, before any test changed it."""
+    return shared_demo_platform(tmp_path_factory).home.parent / "pristine"
 
 
 if __name__ == "__main__":

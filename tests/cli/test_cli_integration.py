@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 from core.lineage import lineage_markdown, lineage_rows
 from core.registry import read_alias, read_lineage
 from tests.cli.demo_platform import DROPPED_ROWS, shared_demo_platform
+
+USER = getpass.getuser()  # the CLI's subprocesses run as this OS user
 
 pytestmark = pytest.mark.slow
 
@@ -96,17 +99,19 @@ def test_diff_shows_data_objects_parameters_and_metrics(demo):
 def test_comment_reaches_the_store_lineage_and_the_asset_history(demo):
     text = "Good enough for the shadow deployment"
     out = ok(demo.cli("comment", "digits", "1", text, "--author", "alice"))
-    assert out.startswith("Recorded comment on digits v1 by alice")
+    # The local store authenticates nobody: the OS user is recorded as such, the typed name as a note.
+    assert out.startswith(f'Recorded comment on digits v1 by {USER} (OS user, not authenticated), note "alice"')
     lineage = ok(demo.cli("lineage", "digits", "--version", "1"))
-    assert f"alice: {text}" in lineage
+    assert f'{USER} (OS user, not authenticated), note "alice": {text}' in lineage
     as_json = json.loads(ok(demo.cli("lineage", "digits", "--version", "1", "--json")))
-    assert [(c["author"], c["text"]) for c in as_json["annotations"]["comments"]][-1] == ("alice", text)
+    last = as_json["annotations"]["comments"][-1]
+    assert (last["author"], last["note"], last["actor"]["authenticated"], last["text"]) == (USER, "alice", False, text)
     assert as_json["version"] == 1 and as_json["checkpoint"]["sha256"]
     observed = [(d, m) for d, m in observations(demo, ("comment",)) if m["comment"] == text]
     assert len(observed) == 1
     description, meta = observed[0]
-    assert (meta["version"], meta["author"]) == (1, "alice")
-    assert description == f"Comment on v1 by alice: {text}"
+    assert (meta["version"], meta["author"], meta["verified_by"], meta["note"]) == (1, USER, "os-user", "alice")
+    assert description == f"Comment on v1 by {USER}: {text}"
     assert demo.store().exists("main", meta["store_path"])
 
 
@@ -130,15 +135,18 @@ def test_promote_and_rollback_move_the_production_alias_with_an_audit_trail(demo
     assert "production none -> v1" in ok(demo.cli("promote", "digits", "1", "--by", "alice"))
     assert "production v1 -> v2" in ok(demo.cli("promote", "digits", "2", "--by", "bob"))
     assert "production v2 -> v1" in ok(demo.cli("rollback", "digits", "--by", "carol"))
-    assert "v1 is in production, not this version (rollback by carol" in ok(demo.cli("lineage", "digits"))
+    assert (f'v1 is in production, not this version (rollback by {USER} (OS user, not authenticated), note "carol"'
+            in ok(demo.cli("lineage", "digits")))
     alias = read_alias(demo.store(), "digits")
     assert alias["version"] == 1
-    assert [(h["action"], h["from"], h["to"], h["by"]) for h in alias["history"]] == [
-        ("promote", None, 1, "alice"), ("promote", 1, 2, "bob"), ("rollback", 2, 1, "carol")]
-    assert all(h["at"] for h in alias["history"])
+    # --by is a note; the identity is the one the platform verified (here the OS user, not authenticated).
+    assert [(h["action"], h["from"], h["to"], h["by"], h["note"]) for h in alias["history"]] == [
+        ("promote", None, 1, USER, "alice"), ("promote", 1, 2, USER, "bob"), ("rollback", 2, 1, USER, "carol")]
+    assert all(h["at"] and h["actor"]["verified_by"] == "os-user" for h in alias["history"])
+    assert f"since the rollback by {USER} (OS user, not authenticated)" in ok(demo.cli("versions", "digits"))
     moves = observations(demo, ("promote", "rollback"))
-    assert [(m["kind"], m["production_version"], m["by"]) for _, m in moves] == [
-        ("promote", 1, "alice"), ("promote", 2, "bob"), ("rollback", 1, "carol")]
+    assert [(m["kind"], m["production_version"], m["by"], m["note"]) for _, m in moves] == [
+        ("promote", 1, USER, "alice"), ("promote", 2, USER, "bob"), ("rollback", 1, USER, "carol")]
     # Nothing before v1: a second rollback is refused and leaves the alias alone.
     error = one_line_error(demo.cli("rollback", "digits"), 2)
     assert "no earlier one to roll back to" in error
@@ -146,16 +154,20 @@ def test_promote_and_rollback_move_the_production_alias_with_an_audit_trail(demo
 
 
 def test_unknown_models_and_versions_are_one_line_errors(demo):
-    assert one_line_error(demo.cli("lineage", "nosuchmodel"), 2) == \
-        "error: model 'nosuchmodel' has no registered versions; known models: digits"
+    # A name the store does not know is looked up in the workspace's code locations (pipelines/cli/lookup.py).
+    assert one_line_error(demo.cli("lineage", "nosuchmodel"), 2).startswith(
+        "error: no pipeline named 'nosuchmodel' in code location(s) platform, vision of ")
     assert one_line_error(demo.cli("compare", "digits", "1", "9"), 2) == \
         "error: model 'digits' has no version 9; registered versions: 1, 2"
     assert "no version 9" in one_line_error(demo.cli("promote", "digits", "9"), 2)
-    assert "no registered versions" in one_line_error(demo.cli("comment", "ghost", "1", "hi"), 2)
+    assert "no pipeline named 'ghost'" in one_line_error(demo.cli("comment", "ghost", "1", "hi"), 2)
+    assert one_line_error(demo.cli("lineage", "digits_wide"), 2) == (
+        "error: model 'digits_wide' (code location 'vision') has no registered versions yet; train it with "
+        "`python -m pipelines train digits_wide` or run its job digits_wide_training")
 
 
 def test_reproduce_retrains_from_the_lineage_record_and_reports_differences(demo):
-    result = demo.cli("reproduce", "digits", "1", timeout=600)
+    result = demo.cli("reproduce", "digits", "1", "--exact", timeout=600)
     out = ok(result)
     record = read_lineage(demo.store(), "digits", 1)
     assert out.startswith(f"Reproducing digits v1: shards commit {record['data']['shards_commit'][:12]}, seed 0, 2 rank(s)")
@@ -163,7 +175,7 @@ def test_reproduce_retrains_from_the_lineage_record_and_reports_differences(demo
         assert row(out, *figure.split())[len(figure.split())] == \
             row(out, *figure.split())[len(figure.split()) + 1]  # same to 4 decimals
     assert row(out, "steps")[1:3] == [str(record["training_figures"]["steps"])] * 2
-    assert "Reproduced: every figure matches within 1e-06" in out
+    assert "Reproduced: every figure matches within 1e-06, and the weights are the same bytes" in out
     work_dir = out.splitlines()[0].split("work dir ")[1]
     report = json.loads((Path(work_dir) / "reproduction.json").read_text())
     assert report["original_run"] == record["dagster"]["run_id"]

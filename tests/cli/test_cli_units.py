@@ -19,11 +19,17 @@ from core.registry import (
     read_lineage,
     rolled_back,
 )
+from core.identity import LAKEFS, Actor
 from core.lineage import MARKDOWN_FIELD_NAMES, lineage_markdown, lineage_rows
 from pipelines.cli import build_parser, compare, render, reproduce
 from pipelines.cli.parser import version_number
 from resources.store.base import MAIN
 from tests.cli.records import make_record, store_with_versions
+
+
+def who(name: str) -> Actor:
+    """A lakeFS user, as the registry records one it verified."""
+    return Actor(name, LAKEFS, True, f"lakeFS user behind a test key")
 
 
 def test_compare_marks_exactly_the_fields_that_differ():
@@ -161,11 +167,17 @@ def test_version_numbers_accept_v_prefix_and_refuse_garbage():
 
 def test_lineage_text_shows_production_and_comments():
     record = make_record(2)
-    alias = promoted(empty_alias("toy"), 2, "alice", "2026-11-29T11:00:00+00:00")
-    comments = [{"created_at": "2026-11-29T11:05:00+00:00", "author": "bob", "text": "looks good"}]
+    alias = promoted(empty_alias("toy"), 2, who("alice"), "2026-11-29T11:00:00+00:00", note="release board")
+    comments = [{"created_at": "2026-11-29T11:05:00+00:00", "author": "bob", "text": "looks good"},
+                {"created_at": "2026-11-29T11:06:00+00:00", "author": "carol", "actor": who("carol").to_record(),
+                 "note": None, "text": "agreed"}]
     text = render.format_lineage(record, {"raw_commit": "1", "shards_commit": "2"}, production=alias, comments=comments)
-    assert "  production      this version, v2, is in production (promote by alice at 2026-11-29T11:00:00+00:00)" in text
-    assert "    2026-11-29T11:05:00+00:00  bob: looks good" in text
+    assert ('  production      this version, v2, is in production (promote by alice (lakeFS user, authenticated by '
+            'lakeFS), note "release board" at 2026-11-29T11:00:00+00:00)') in text
+    # A comment written before identities were verified says its name was only typed.
+    assert ("    2026-11-29T11:05:00+00:00  bob (self-declared: recorded before identities were verified): looks good"
+            in text)
+    assert "    2026-11-29T11:06:00+00:00  carol (lakeFS user, authenticated by lakeFS): agreed" in text
     other = render.format_lineage(make_record(1), {}, production=alias)
     assert "v2 is in production, not this version" in other
     assert "no version is in production" in render.format_lineage(record, {}, production=empty_alias("toy"))
@@ -200,16 +212,16 @@ def test_ui_markdown_and_cli_text_show_the_same_lineage_facts():
 # --- the production alias as pure state transitions ------------------------------------------------
 def test_promote_and_rollback_walk_back_through_earlier_versions():
     s = empty_alias("toy")
-    s = promoted(s, 1, "a", "t1")
-    s = promoted(s, 2, "b", "t2")
-    s = promoted(s, 3, "c", "t3")
+    s = promoted(s, 1, who("a"), "t1")
+    s = promoted(s, 2, who("b"), "t2")
+    s = promoted(s, 3, who("c"), "t3")
     assert (s["version"], s["previous"]) == (3, [1, 2])
-    s = rolled_back(s, "d", "t4")
+    s = rolled_back(s, who("d"), "t4")
     assert (s["version"], s["previous"]) == (2, [1])
-    s = rolled_back(s, "e", "t5")
+    s = rolled_back(s, who("e"), "t5")
     assert (s["version"], s["previous"]) == (1, [])
     with pytest.raises(AliasError, match="no earlier one"):
-        rolled_back(s, "f", "t6")
+        rolled_back(s, who("f"), "t6")
     assert [(h["action"], h["from"], h["to"], h["by"]) for h in s["history"]] == [
         ("promote", None, 1, "a"), ("promote", 1, 2, "b"), ("promote", 2, 3, "c"),
         ("rollback", 3, 2, "d"), ("rollback", 2, 1, "e")]
@@ -217,17 +229,17 @@ def test_promote_and_rollback_walk_back_through_earlier_versions():
 
 def test_promoting_the_current_version_or_rolling_back_nothing_is_refused():
     with pytest.raises(AliasError, match="no production version"):
-        rolled_back(empty_alias("toy"), "a", "t")
+        rolled_back(empty_alias("toy"), who("a"), "t")
     with pytest.raises(AliasError, match="already in production"):
-        promoted(promoted(empty_alias("toy"), 1, "a", "t"), 1, "a", "t")
+        promoted(promoted(empty_alias("toy"), 1, who("a"), "t"), 1, who("a"), "t")
 
 
 # --- comments and the alias in a real local store ----------------------------------------------------
 def test_comments_are_committed_to_main_and_listed_per_version(tmp_path):
     store = store_with_versions(tmp_path / "store")
-    first = add_comment(store, "toy", 1, "baseline", "alice", created_at="2026-11-29T10:00:00+00:00")
-    add_comment(store, "toy", 2, "more data", "bob", created_at="2026-11-29T10:01:00+00:00")
-    add_comment(store, "toy", 1, "still fine", "carol", created_at="2026-11-29T10:02:00+00:00")
+    first = add_comment(store, "toy", 1, "baseline", who("alice"), created_at="2026-11-29T10:00:00+00:00")
+    add_comment(store, "toy", 2, "more data", who("bob"), created_at="2026-11-29T10:01:00+00:00")
+    add_comment(store, "toy", 1, "still fine", who("carol"), created_at="2026-11-29T10:02:00+00:00")
     assert store.resolve_ref(MAIN) == store.get_commit(MAIN).id == store.log(MAIN)[0].id
     assert [c["text"] for c in list_comments(store, "toy", 1)] == ["baseline", "still fine"]
     assert [c["author"] for c in list_comments(store, "toy")] == ["alice", "bob", "carol"]
@@ -235,28 +247,30 @@ def test_comments_are_committed_to_main_and_listed_per_version(tmp_path):
     assert commit.metadata["author"] == "alice" and commit.metadata["model_version"] == "1"
     assert not [b for b in store.list_branches() if b.startswith("comment-")]  # work branches removed
     with pytest.raises(UnknownModelVersionError, match="no version 9"):
-        add_comment(store, "toy", 9, "x", "alice")
+        add_comment(store, "toy", 9, "x", who("alice"))
     with pytest.raises(UnknownModelVersionError, match="no registered versions"):
-        add_comment(store, "nope", 1, "x", "alice")
+        add_comment(store, "nope", 1, "x", who("alice"))
 
 
 def test_alias_moves_are_audited_on_main(tmp_path):
     store = store_with_versions(tmp_path / "store", versions=3)
-    move_alias(store, "toy", "promote", "alice", version=1, at="t1")
-    move_alias(store, "toy", "promote", "bob", version=3, at="t2")
-    entry = move_alias(store, "toy", "rollback", "carol", at="t3")
+    move_alias(store, "toy", "promote", who("alice"), version=1, at="t1")
+    move_alias(store, "toy", "promote", who("bob"), version=3, at="t2")
+    entry = move_alias(store, "toy", "rollback", who("carol"), at="t3", note="on behalf of dave")
     assert (entry["from"], entry["to"], entry["by"]) == (3, 1, "carol")
     state = read_alias(store, "toy")
     assert state["version"] == 1
     assert [(h["action"], h["to"], h["by"], h["at"]) for h in state["history"]] == [
         ("promote", 1, "alice", "t1"), ("promote", 3, "bob", "t2"), ("rollback", 1, "carol", "t3")]
+    assert (state["history"][-1]["actor"]["verified_by"], state["history"][-1]["note"]) == ("lakefs", "on behalf of dave")
     head = store.get_commit(MAIN)
     assert head.metadata["action"] == "rollback" and head.metadata["from_version"] == "3"
+    assert (head.metadata["by_verified_by"], head.metadata["note"]) == ("lakefs", "on behalf of dave")
     assert store.exists(MAIN, alias_path("toy"))
     with pytest.raises(UnknownModelVersionError, match="no version 7"):
-        move_alias(store, "toy", "promote", "alice", version=7)
+        move_alias(store, "toy", "promote", who("alice"), version=7)
     with pytest.raises(AliasError, match="no earlier one"):
-        move_alias(store, "toy", "rollback", "alice")
+        move_alias(store, "toy", "rollback", who("alice"))
     assert read_alias(store, "toy")["version"] == 1  # a refused move changes nothing
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.identity import os_actor
 from core.registry import UnknownModelVersionError, lineage_path, move_alias, version_prefix, version_tag
 from pipelines.cli import main
 from pipelines.serving import PredictionInputError, load_model, predict
@@ -176,7 +177,7 @@ def test_cli_alias_without_a_version_fails_then_follows_a_promotion(platform, cl
     assert code == 2 and out == ""
     assert err.strip() == ("error: toy has no production version yet; promote one with "
                            "`python -m pipelines promote toy VERSION`, or ask for a version with --version")
-    move_alias(platform["store"], "toy", "promote", "tester", version=1)
+    move_alias(platform["store"], "toy", "promote", os_actor(), version=1)
     code, out, err = cli("predict", "toy", str(platform["csv"]), "--alias", "production")
     assert code == 0, err
     assert out.splitlines()[0] == "toy v1 (mlp, classification):"

@@ -305,7 +305,7 @@ def read_shards(store, manifest: dict, tmp: Path) -> dict[str, tuple[list[str], 
     return out
 
 
-def test_an_image_folder_is_published_as_shards_and_a_manifest_of_the_same_images_is_the_same_version(platform):
+def test_an_image_folder_is_published_as_shards_and_the_same_images_by_a_manifest_are_the_same_shards(platform):
     folder = platform.sources / "shapes"
     files = mixed_shapes(folder)
     spec = dataclasses.replace(shapes_dataset, split=dataclasses.replace(shapes_dataset.split, samples_per_shard=16))
@@ -325,7 +325,8 @@ def test_an_image_folder_is_published_as_shards_and_a_manifest_of_the_same_image
         assert np.array_equal(images, preprocess_images([files[i] for i in ids], spec.preprocessing, workers=0))
     assert all(len(e["path"]) and e["num_samples"] <= 16 for s in manifest["splits"].values() for e in s["shards"])
 
-    # The same images listed by a manifest, in another order: the same shards, so the same version.
+    # The same images listed by a manifest, in another order: a source declared otherwise, so the run
+    # makes its shards again (they hold the same samples) and, as a version names one commit, tags d2.
     rows = [(rel, rel.split("/")[0]) for rel in files]
     random.Random(0).shuffle(rows)
     pd.DataFrame(rows, columns=["path", "label"]).to_csv(folder / "labels.csv", index=False)
@@ -334,7 +335,8 @@ def test_an_image_folder_is_published_as_shards_and_a_manifest_of_the_same_image
     second = platform.run(by_manifest)
 
     assert second.success, failure_messages(second)
-    assert set(dataset_tags(store, "shapes")) == {1}
+    tags = dataset_tags(store, "shapes")
+    assert set(tags) == {1, 2} and tags[1] != tags[2]
     again = json.loads(store.get_object("main", "datasets/shapes/shards/manifest.json"))
     assert again["splits"] == manifest["splits"]
 

@@ -136,3 +136,45 @@ def test_a_killed_sweep_resumes_where_it_stopped_without_repeating_a_trial(tmp_p
     for r in result.records:
         assert r.validations == VALIDATIONS
     assert json.loads((Path(result.records[0].folder) / "metrics.json").read_text())["best_value"] is not None
+
+
+def test_a_grid_sweep_ends_when_its_last_grid_point_is_told(tmp_path):
+    """Optuna's grid sampler calls study.stop() after the last grid point; outside
+    study.optimize that raised RuntimeError and failed the step once every trial had finished
+    (found by the soak, tests/reliability/soak)."""
+    sweep = Sweep(space={"train.lr": Choice(0.01, 0.1)}, objective="loss", trials=2, parallelism=2, sampler="grid",
+                  pruner="none")
+    result = _runner(tmp_path, sweep, FakeLaunches()).run()
+    assert [r.state for r in result.records] == [COMPLETE, COMPLETE]
+
+
+def test_a_sweep_whose_every_trial_failed_says_why_in_its_failure(tmp_path):
+    """The step's error names each trial's cause, not only "see each trial's log above" (the
+    soak found a sweep failed by a NaN whose error named nothing)."""
+    import dataclasses
+
+    import dagster as dg
+
+    from ops.sweep import run_sweep
+    from pipelines.models.wine import wine_pipeline
+
+    spec = dataclasses.replace(wine_pipeline, sweep=Sweep(space={"train.lr": Choice(1e37, 1e38)}, objective="loss",
+                                                          trials=2, parallelism=2, sampler="grid", pruner="none"))
+
+    def train(trial_spec, folder, **_):
+        raise dg.Failure(description=f"training 'wine' failed, not retried: non-finite loss at step 2 (lr "
+                                     f"{trial_spec.recipe.lr:g})", allow_retries=False)
+
+    @dg.asset(key=["wine", "checkpoint"])
+    def checkpoint(context):
+        run_sweep(context, spec, tmp_path / "work", context.run_id, train=train, result_from=lambda path: None)
+
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([checkpoint], instance=instance, raise_on_error=False)
+    (failure,) = result.get_step_failure_events()
+    text = failure.step_failure_data.user_failure_data.description
+    assert "no trial finished with a validation loss (0 pruned, 2 failed)" in text
+    causes = sorted(line for line in text.splitlines() if line.startswith("trial "))
+    assert [c.split(":")[0] for c in causes] == ["trial 0", "trial 1"]
+    assert {c.rsplit("(lr ", 1)[1] for c in causes} == {"1e+37)", "1e+38)"}
+    assert all("Failure: training 'wine' failed, not retried: non-finite loss at step 2" in c for c in causes)

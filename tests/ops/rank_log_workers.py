@@ -10,9 +10,8 @@ from training_runtime.train.context import TrainingContext
 
 
 def introduce_then_fail(ctx: TrainingContext) -> None:
-    """Rank 1 raises; rank 0 returns without reporting, which the runtime refuses."""
+    """Both ranks raise a failure a restart may fix (a RuntimeError), so torchrun restarts them."""
     rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
     print(f"stdout line of rank {rank}, attempt {attempt}")
     print(f"stderr line of rank {rank}, attempt {attempt}", file=sys.stderr)
-    if rank == 1:
-        raise RuntimeError(f"rank 1 fails on purpose in attempt {attempt}")
+    raise RuntimeError(f"rank {rank} fails on purpose in attempt {attempt}")

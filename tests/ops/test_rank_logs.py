@@ -188,7 +188,7 @@ def test_every_rank_and_attempt_of_a_failing_local_training_is_kept(tmp_path):
     assert "rank 0" not in rank1  # each rank's file holds only its own output
     assert text("launch_0/attempt_0/rank_1.stdout.log") == "stdout line of rank 1, attempt 0\n"
     assert text("launch_0/attempt_0/rank_0.stdout.log") == "stdout line of rank 0, attempt 0\n"
-    assert "returned without reporting" in text("launch_0/attempt_0/rank_0.stderr.log")
+    assert "rank 0 fails on purpose in attempt 0" in text("launch_0/attempt_0/rank_0.stderr.log")
     # The second attempt's refusal to start over (no checkpoint) is kept per rank too.
     assert "saved no checkpoint" in text("launch_0/attempt_1/rank_1.stderr.log")
     assert "rank 1 fails on purpose" in text("launch_0/attempt_0/rank_1.error.json")

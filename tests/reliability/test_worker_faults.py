@@ -1,18 +1,20 @@
 """A training worker SIGKILLed at random points (mid-step and mid-checkpoint-write) resumes from the
-last valid checkpoint and ends with the weights of an uninterrupted run."""
+last valid checkpoint and ends with the weights of an uninterrupted run, tensor for tensor and by the
+sha256 a model version would register for them."""
 
 from __future__ import annotations
 
 import json
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.reliability.conftest import repeats
-from tests.runtime.helpers import make_config, make_dataset, torchrun
+from tests.runtime.helpers import make_config, make_dataset, registered_sha256, torchrun
 from training_runtime.checkpoint.full import list_checkpoints, verify_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -25,7 +27,8 @@ def problem(tmp_path_factory):
     base = make_config(root, manifest, locations, name="baseline", epochs=3, checkpoint={"every_steps": 2})
     done = torchrun(base, root / "baseline.json")
     assert done.returncode == 0, done.stderr[-3000:]
-    return root, manifest, locations, load_file(Path(base["output_dir"]) / "model.safetensors")
+    return root, manifest, locations, _Weights(load_file(Path(base["output_dir"]) / "model.safetensors"),
+                                               registered_sha256(base["output_dir"]))
 
 
 def _nothing_lost(config: dict) -> bool:
@@ -36,8 +39,20 @@ def _nothing_lost(config: dict) -> bool:
     return not leftovers
 
 
-def _same_weights(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)
+class _Weights(NamedTuple):
+    tensors: dict
+    sha256: str  # what registering the run's model would record
+
+
+def _same_weights(config: dict, expected: _Weights) -> bool:
+    """Tensor for tensor equal to the uninterrupted run's, and so the same registered sha256."""
+    out = Path(config["output_dir"])
+    if not (out / "model.safetensors").is_file():
+        return False
+    weights = load_file(out / "model.safetensors")
+    return (weights.keys() == expected.tensors.keys() and all(torch.equal(weights[k], expected.tensors[k])
+                                                              for k in weights)
+            and registered_sha256(out) == expected.sha256)
 
 
 @pytest.mark.parametrize("case", range(repeats(10, 1)))
@@ -49,8 +64,7 @@ def test_worker_killed_mid_step_resumes_to_the_same_weights(problem, ledger, cas
     cfg = make_config(root, manifest, locations, name=f"kill-step-{case}", epochs=3, checkpoint={"every_steps": 2})
     done = torchrun(cfg, root / f"kill-step-{case}.json", max_restarts=1,
                     env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": f"{rank}:{step}"})
-    weights = load_file(Path(cfg["output_dir"]) / "model.safetensors") if done.returncode == 0 else {}
-    ok = done.returncode == 0 and _same_weights(weights, expected)
+    ok = done.returncode == 0 and _same_weights(cfg, expected)
     ledger.record("fault: worker SIGKILL mid-step", ok, _nothing_lost(cfg), f"rank {rank} killed after a random step")
     assert ok, done.stderr[-3000:]
 
@@ -70,13 +84,12 @@ def test_worker_killed_mid_checkpoint_write_resumes_to_the_same_weights(problem,
     done = torchrun(cfg, root / f"kill-ckpt-{case}.json", max_restarts=1,
                     env={"TRAINING_RUNTIME_FAULT_KILL_AT_STEP": f"0:{step}:checkpoint"})
     out = Path(cfg["output_dir"])
-    weights = load_file(out / "model.safetensors") if done.returncode == 0 else {}
     resumed = json.loads((out / "metrics.json").read_text()).get("resumed_from_step") if done.returncode == 0 else None
     # The half-written checkpoint was never published: the restart resumes from the one before it.
-    ok = done.returncode == 0 and _same_weights(weights, expected) and resumed == step - 2
+    ok = done.returncode == 0 and _same_weights(cfg, expected) and resumed == step - 2
     ledger.record("fault: worker SIGKILL mid-checkpoint-write", ok, _nothing_lost(cfg),
                   "rank 0 killed inside a random checkpoint's write (state file written, not published); "
                   "sync and async saves")
     assert done.returncode == 0, done.stderr[-3000:]
     assert resumed == step - 2, f"killed writing checkpoint {step}, resumed from {resumed}"
-    assert _same_weights(weights, expected)
+    assert _same_weights(cfg, expected)
