@@ -8,7 +8,9 @@ from pathlib import Path
 import dagster as dg
 
 from assets.pipeline import build_pipeline_assets
+from pipelines.definitions import build_definitions, training_job_name
 from pipelines.models.digits import digits_pipeline, write_digits_source
+from pipelines.profiles import Profile
 from resources.platform import ArtifactStoreResource, PlatformSettings, TrainingLauncherResource, VersionedStoreResource
 
 
@@ -78,3 +80,24 @@ def published_whole_or_untouched(store, main_before: str, model: str = "digits")
     versions = {p.split("/")[3] for p in paths}
     return all({f"models/{model}/versions/{v}/lineage.json", f"models/{model}/versions/{v}/model.safetensors"} <= paths
                for v in versions) and bool(versions)
+
+
+# ---------------------------------------------------------------- the instance the GraphQL load reads
+
+def seed_load_instance(home: Path, trainings: int = 0) -> None:
+    """What the GraphQL load reads, on the instance at ``home`` (its dagster.yaml, local or
+    production): two runs of digits' data stages, the instance the load was first measured on;
+    then ``trainings`` full trainings of digits, so the checkpoint has its live-telemetry
+    observations and the versions their evaluation metadata, as on a platform in use."""
+    profile = Profile(name="local", data_root=home / "platform")
+    write_digits_source(profile.data_root / "sources")
+    # Only digits: the YAML pipelines that share its dataset would train too, for nothing the load reads.
+    job = build_definitions(profile, [digits_pipeline], with_yaml=False).resolve_job_def(
+        training_job_name(digits_pipeline))
+    data_stages = [dg.AssetKey(["digits", "raw_dataset"]), dg.AssetKey(["digits", "shards"])]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for selection in [data_stages] * 2 + [None] * trainings:
+            result = job.execute_in_process(instance=instance, asset_selection=selection, raise_on_error=False)
+            if not result.success:
+                errors = "\n".join(_chain(e.event_specific_data.error) for e in result.all_events if e.is_step_failure)
+                raise RuntimeError(f"seeding the load's instance at {home}: run {result.run_id} failed:\n{errors}")
