@@ -2,7 +2,8 @@
 benchmarks.pipeline_job --source CSV --dim D --epochs E`` builds the platform's definitions for a
 benchmark pipeline, executes its training job in process (the local profile's executor) and prints
 one JSON line: wall times and when the first training step began (the runtime's "starting at step"
-message, forwarded through Dagster Pipes into the run's event log)."""
+message, forwarded through Dagster Pipes into the run's event log), and what the data assets'
+materializations say (a second run on unchanged data reuses the first one's dataset version)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ T_PROCESS = time.time()  # as early as this module runs
 from benchmarks.common import emit  # noqa: E402
 
 PIPELINE = "bench_overhead"
+DATA_ASSETS = ("raw_dataset", "shards")
 
 
 def spec(source_rel: str, dim: int, epochs: int, batch: int):
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         first_step = None
         step_times: dict[str, float] = {}
         training: dict[str, float] = {}
+        data: dict[str, dict] = {}
         for entry in instance.all_logs(result.run_id):  # one pass over the run's event log
             msg = entry.user_message or ""
             if first_step is None and "starting at step" in msg:
@@ -70,17 +73,22 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if ev.event_type_value in ("STEP_START", "STEP_SUCCESS"):
                 step_times[f"{ev.step_key}:{ev.event_type_value}"] = entry.timestamp
-            elif ev.event_type_value == "ASSET_MATERIALIZATION" and ev.step_key.endswith("checkpoint"):
-                meta = ev.event_specific_data.materialization.metadata
-                for key in ("samples_per_second", "steps", "checkpoint_stall_s_total", "data_wait_share"):
-                    if key in meta:
-                        training[key] = float(getattr(meta[key], "value", meta[key]))
+            elif ev.event_type_value == "ASSET_MATERIALIZATION":
+                materialization = ev.event_specific_data.materialization
+                asset, meta = materialization.asset_key.path[-1], materialization.metadata
+                if asset == "checkpoint":
+                    for key in ("samples_per_second", "steps", "checkpoint_stall_s_total", "data_wait_share"):
+                        if key in meta:
+                            training[key] = float(getattr(meta[key], "value", meta[key]))
+                elif asset in DATA_ASSETS:  # a run on unchanged data names the version it reused (assets/reuse.py)
+                    data[asset] = {key: getattr(meta[key], "value", meta[key])
+                                   for key in ("reused_dataset_version", "commit_id", "dataset_version") if key in meta}
         steps = {key.split(":")[0]: step_times[key.replace("START", "SUCCESS")] - t
                  for key, t in step_times.items()
                  if key.endswith("STEP_START") and key.replace("START", "SUCCESS") in step_times}
     emit({"launched_at": a.launched_at, "process_started_at": T_PROCESS, "definitions_at": t_defs,
           "execute_at": t_exec, "done_at": t_done, "first_step_at": first_step, "step_seconds": steps,
-          "training_figures": training,
+          "training_figures": training, "data_assets": data,
           "run_id": result.run_id})
     return 0
 

@@ -1,4 +1,4 @@
-"""Rows 8c and 8d (benchmarks/image_ingest.py) run end to end at the harness's tiny size and land
+"""Rows 8c, 8d and 8e (benchmarks/image_ingest.py) run end to end at the harness's tiny size and land
 in results.json and the table. It checks that the figures are produced and well formed, never
 how fast anything is or how much memory it takes."""
 
@@ -37,8 +37,9 @@ def test_tiny_image_ingest_rows(tmp_path: Path) -> None:
     for size in mem["sizes"].values():
         assert size["raw_passed"] and size["accepted"] == size["samples"] == size["images"]
         assert size["peak_tree_rss_bytes"] >= size["peak_main_rss_bytes"] > 0 and size["max_processes"] >= 2
-    assert mem["tree_rss_16x_vs_1x"] > 0
+    assert mem["tree_rss_16x_vs_1x"] > 0 and isinstance(mem["time_exponent"], float)
 
     table = (out / "BENCHMARKS.md").read_text()
     assert "8c. image preprocessing, 192 JPEGs" in table and "same pixels: True" in table
     assert "8d. image ingest memory" in table and "12/48/192 JPEGs" in table
+    assert "8e. image-folder ingest time (ingest + shard + checks), 12/48/192 JPEGs" in table

@@ -1,0 +1,101 @@
+"""The benchmark table from results.json, without measuring anything (milliseconds): every row
+says its target, met or missed by that target, and how it was measured; a row that failed says
+why; a row re-run on its own is marked so. The figures below are made up for the renderer."""
+
+from benchmarks.run import BENCHMARKS, table
+
+MB = 2**20
+
+
+def _results(**benchmarks) -> dict:
+    return {"machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "python": "3", "kernel": "k"},
+            "date": "2026-12-01 00:00 UTC", "command": "python -m benchmarks.run", "size": "tiny", "wall_s": 60.0,
+            "load_before": [1, 1, 1], "load_after": [1, 1, 1], "benchmarks": benchmarks}
+
+
+def _row(text: str, figure: str) -> list[str]:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"| {figure}")]
+    return [c.strip() for c in line.strip("|").split(" | ")]
+
+
+def _fsdp(ddp_mb: float, fsdp_mb: float, ac_mb: float) -> dict:
+    return {"parameters": 311e6, "model": {"d_model": 1024, "layers": 24, "batch": 4, "seq": 192, "units": ""}, "ranks": 2,
+            "units": 25, "env": {"MALLOC_MMAP_THRESHOLD_": "1048576"},
+            "peak_rss_bytes": {"ddp": ddp_mb * MB, "fsdp": fsdp_mb * MB, "fsdp_ac": ac_mb * MB},
+            "step_s": {"ddp": 10.0, "fsdp": 11.0, "fsdp_ac": 14.0}, "fsdp_vs_ddp": fsdp_mb / ddp_mb,
+            "fsdp_ac_vs_ddp": ac_mb / ddp_mb, "step_fsdp_vs_ddp": 1.1, "step_fsdp_ac_vs_ddp": 1.4}
+
+
+def _retrain(reused: bool, second_s: float) -> dict:
+    version = "bench_overhead-d1" if reused else None
+    return {"source_bytes": 45 * MB, "epochs": 1, "first": {"wall_s": 40.0}, "second": {"wall_s": second_s},
+            "second_vs_first": second_s / 40.0, "data_steps_s": {"first": 9.0, "second": 0.3},
+            "reused_dataset_version": {"raw_dataset": version, "shards": version}, "same_shards_commit": reused,
+            "reused": reused}
+
+
+def _sweep_memory(peaks_mb: list[float]) -> dict:
+    counts = [4, 8, 16, 32]
+    return {"counts": counts, "parallelism": 2, "steps_per_trial": 4, "start_rss_bytes": 100 * MB,
+            "at": {str(c): {"peak_rss_bytes": p * MB, "wall_s": 10.0 * c} for c, p in zip(counts, peaks_mb)},
+            "peak_rss_growth": peaks_mb[-1] / peaks_mb[0]}
+
+
+def test_the_new_rows_give_their_targets_and_whether_they_are_met():
+    text = table(_results(fsdp_memory=_fsdp(6000, 3000, 2000), retrain=_retrain(True, 25.0),
+                          sweep={"trials": 8, "parallelism": 2, "steps_per_trial": 60, "sweep_wall_s": 60.0,
+                                 "sequential_wall_s": 100.0, "speedup": 100 / 60, "cpus": 2, "same_values": True},
+                          sweep_memory=_sweep_memory([200, 201, 203, 205])))
+    fsdp = _row(text, "5c. FSDP")
+    assert fsdp[1] == "0.50× DDP" and fsdp[3] == "≤ 0.6× DDP" and fsdp[4] == "met"
+    assert fsdp[5] == "each mode once, in turn" and "311M-parameter" in fsdp[0]
+    ac = _row(text, "5d.")
+    assert ac[1].startswith("0.33× DDP") and ac[3] == "≤ 0.4× DDP" and ac[4] == "met"
+    retrain = _row(text, "6d. retrain")
+    assert "reused: yes" in retrain[1] and retrain[4] == "met" and "bench_overhead-d1" in retrain[2]
+    assert retrain[5].startswith("once, in order")
+    sweep = _row(text, "9a. sweep, 8 trials 2 at a time")
+    assert sweep[1] == "1.67× faster" and sweep[3].startswith("≥ 1.8×") and sweep[4] == "**missed**"
+    memory = _row(text, "9b. sweep orchestrator memory")
+    assert "4 → 8 → 16 → 32" in memory[0] and memory[1].startswith("peak RSS 1.02×") and memory[4] == "met"
+
+
+def test_a_missed_target_a_failed_row_and_a_rerun_are_each_said():
+    results = _results(fsdp_memory=_fsdp(6000, 5900, 5000), retrain=_retrain(False, 38.0),
+                       sweep_memory=_sweep_memory([200, 260, 330, 420]),
+                       sweep={"error": "ProbeError: torchrun with 1 rank(s) exited 1: boom | here"})
+    results["benchmarks"]["retrain"]["rerun"] = {"command": "python -m benchmarks.run --only retrain",
+                                                 "date": "2026-12-01 01:00 UTC", "load_after": [2, 2, 2]}
+    text = table(results)
+    assert _row(text, "5c. FSDP")[4] == _row(text, "5d.")[4] == "**missed**"
+    retrain = _row(text, "6d. retrain")
+    assert "reused: no" in retrain[1] and retrain[4] == "**missed**"
+    assert retrain[5].startswith("re-run alone: `python -m benchmarks.run --only retrain` at 2026-12-01 01:00 UTC")
+    assert _row(text, "9b. sweep orchestrator memory")[4] == "**missed**"
+    failed = _row(text, "sweep")
+    assert failed[1] == "not measured" and "boom / here" in failed[2]  # a | in a reason cannot break the table
+
+
+def test_the_default_run_holds_every_row_of_issue_30():
+    for name in ("loaders", "stall", "image_loader", "token_loader", "image_preprocess", "image_memory",
+                 "preprocess", "growth", "checkpoint", "scaling", "guards", "fsdp_memory", "overhead", "retrain",
+                 "sweep", "sweep_memory"):
+        assert name in BENCHMARKS
+    assert "gather" not in BENCHMARKS  # a subset of "loaders", only with --only
+
+
+def test_a_path_whose_process_died_under_the_memory_limit_is_a_missed_row_of_its_own():
+    """Arrow's CSV parser aborts the process (SIGABRT) when an allocation fails under the limit;
+    the other paths' rows and the growth rows stay."""
+    series = {"exponent": 0.9, "anon_growth_16x_vs_1x": 1.2, "seconds": {"1": 0.1, "4": 0.4, "16": 1.5},
+              "work_anon_mb": {"1": 40, "4": 45, "16": 48}}
+    growth = {"factors": [1, 4, 16], "chunk_mb": 2.0, "preprocess": {"platform": series}, "load": series,
+              "memory_limit": {"source_bytes": 72 * MB, "limit_mb_above_imports": 64,
+                               "platform": {"ok": True, "seconds": 2.0, "work_anon_bytes": 22 * MB},
+                               "platform_ge": {"ok": False, "process_died": True,
+                                               "error": "the process died (exit -6): Check failed: Out of memory"}}}
+    text = table(_results(growth=growth))
+    assert _row(text, "7. growth, preprocessing (platform, 2.0 MB chunks)")[4] == "met"
+    died = _row(text, "7b. 72 MB CSV under a 64 MB data limit (platform_ge)")
+    assert died[1] == "failed: the process died (exit -6): Check failed: Out of memory" and died[4] == "**missed**"
+    assert _row(text, "7b. 72 MB CSV under a 64 MB data limit (platform)")[4] == "met"
