@@ -31,21 +31,32 @@ $(CHROMIUM):
 test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests -q -m "not heavy" --durations=30
 
-# Every benchmark at full size (12-25 minutes); writes benchmarks/results.json and BENCHMARKS.md.
+# The harness's smoke runs, then every row of the table at full size in one run (sweeps and FSDP
+# memory included; under 30 minutes); writes benchmarks/results.json and BENCHMARKS.md's table.
 # The peer loaders get their own virtual environment (benchmarks/.peers-venv), made on first use.
 bench: $(STAMP)
 	$(PY) -m pytest tests/benchmarks -q -m heavy
 	$(PY) -m benchmarks.run --size full
-	$(PY) -m benchmarks.sweep_bench
 
-# Every fault, load, bad-input and security class at full size; writes RELIABILITY.md.
+# Every fault, load, bad-input and security class at full size, then the soak (tests/reliability/soak):
+# SOAK_MINUTES of mixed load and random faults on the local platform, then SOAK_K8S_MINUTES (a third
+# of it unless set) through the pod simulation; SOAK_SEED=N replays a soak's faults. Writes RELIABILITY.md.
+SOAK_MINUTES ?= 30
 reliability: $(STAMP)
 	mkdir -p test-artifacts
-	RELIABILITY_FULL=1 RELIABILITY_REPORT=test-artifacts/reliability.json $(PY) -m pytest tests/reliability -q
-	$(PY) -m tests.reliability.report test-artifacts/reliability.json RELIABILITY.md "make reliability"
+	rm -f test-artifacts/soak.json
+	RELIABILITY_FULL=1 RELIABILITY_REPORT=test-artifacts/reliability.json SOAK_MINUTES=$(SOAK_MINUTES) \
+		SOAK_REPORT=test-artifacts/soak.json $(PY) -m pytest tests/reliability -q
+	$(PY) -m tests.reliability.report test-artifacts/reliability.json RELIABILITY.md "make reliability" \
+		--soak test-artifacts/soak.json
 
+# The Dagster UI and, beside it, the TensorBoard that every training links its live curves to
+# (pipelines/local_ui.py); Ctrl+C stops both. Ports: make ui UI_PORT=3001 TENSORBOARD_PORT=6007.
+UI_HOST ?= 127.0.0.1
+UI_PORT ?= 3000
+TENSORBOARD_PORT ?= 6006
 ui: $(STAMP)
-	$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(PY) -m pipelines.local_ui --host $(UI_HOST) --port $(UI_PORT) --tensorboard-port $(TENSORBOARD_PORT)
 
 clean:
 	rm -rf dagster_home/storage dagster_home/history dagster_home/schedules dagster_home/logs dagster_home/platform dagster_home/.logs_queue dagster_home/.telemetry

@@ -49,7 +49,8 @@ def render(ledger: dict, command: str, reruns: list[str] = ()) -> str:
         "- **disk full**: the previous checkpoint still loads and no partial checkpoint or shard set is "
         "listed;",
         "- **load**: every queued run finished, never above the GPU capacity; every new-data commit burst "
-        "ended with the newest commit trained; the GraphQL readers saw no error;",
+        "ended with the newest commit trained; the GraphQL readers (local and production instance, the UI's own "
+        "operations) saw no error, their latency reported beside it (docs/reliability.md, \"The UI under load\");",
         "- **bad input and security**: refused before anything was written (the store stays clean), or "
         "nothing to lose (pure validation).",
         "",
@@ -91,8 +92,19 @@ if __name__ == "__main__":
         Path(report_path).write_text(splice(Path(report_path).read_text(),
                                             json.loads(Path(rerun_path).read_text()), command, why))
         sys.exit(0)
-    # report.py LEDGER OUT.md COMMAND [RERUN_LEDGER RERUN_COMMAND ...]
+    from tests.reliability.soak.report_section import soak_section, splice_soak
+
+    if sys.argv[1] == "--soak-only":
+        # report.py --soak-only REPORT.md SOAK_JSON COMMAND: replace the soak section after a soak run alone
+        report_path, soak_path, command = sys.argv[2:]
+        section = soak_section(json.loads(Path(soak_path).read_text()), command)
+        Path(report_path).write_text(splice_soak(Path(report_path).read_text(), section))
+        sys.exit(0)
+    # report.py LEDGER OUT.md COMMAND [--soak SOAK_JSON] [RERUN_LEDGER RERUN_COMMAND ...]
     ledger_path, out_path, command, *rest = sys.argv[1:]
+    soak = json.loads(Path(rest[1]).read_text()) if rest[:1] == ["--soak"] else None
+    rest = rest[2:] if soak is not None else rest
     pairs = [(json.loads(Path(rest[i]).read_text()), rest[i + 1]) for i in range(0, len(rest), 2)]
     merged, said = merge(json.loads(Path(ledger_path).read_text()), pairs)
-    Path(out_path).write_text(render(merged, command, said))
+    text = render(merged, command, said)
+    Path(out_path).write_text(text + "\n" + soak_section(soak, command) if soak is not None else text)

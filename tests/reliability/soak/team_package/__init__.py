@@ -1,0 +1,1 @@
+"""The soak's team package, copied outside the repository as ``soakteam`` (platform.py)."""
