@@ -87,7 +87,8 @@ def test_the_proxy_manifests_validate_and_run_without_privilege(docs):
     pod = named(docs, "Deployment", PROXY)["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    assert container["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
     # The OIDC client and cookie secrets come from a Secret by reference, never as values.
     assert {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]} == {

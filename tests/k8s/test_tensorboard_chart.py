@@ -68,7 +68,7 @@ def test_the_tensorboard_manifests_validate_and_run_without_privilege(docs):
     assert account["automountServiceAccountToken"] is False and pod["automountServiceAccountToken"] is False
     assert pod["serviceAccountName"] == TENSORBOARD and pod["securityContext"]["runAsNonRoot"] is True
     c = container(docs)
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    assert c["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}}
     # Nothing of the shared volume or the cluster: a scratch /tmp is all it mounts.
     assert [v["name"] for v in pod["volumes"]] == ["tmp"] and "emptyDir" in pod["volumes"][0]
