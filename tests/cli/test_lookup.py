@@ -15,6 +15,7 @@ from pipelines.cli.errors import UsageError
 from pipelines.cli.lookup import find_pipeline
 
 _unique = itertools.count()
+TEAM_LOOP = Path(__file__).resolve().parents[1] / "user_paths" / "team_package" / "train.py"
 
 LOCATION = '''
 from pipelines.api import model_pipeline, team_definitions
@@ -34,7 +35,8 @@ def write_location(root: Path, location: str, pipeline: str, *, as_file: bool = 
     loops = root / train.split(".")[0]
     loops.mkdir()
     (loops / "__init__.py").write_text("")
-    (loops / "loops.py").write_text("def fit(ctx):\n    raise NotImplementedError\n")
+    # The team's real training loop (the one tests/user_paths trains with), as each location's own copy.
+    (loops / "loops.py").write_text(TEAM_LOOP.read_text())
     source = textwrap.dedent(LOCATION.format(name=pipeline, location=location, train=train))
     if as_file:
         (root / f"{location}_defs.py").write_text(source)
