@@ -294,6 +294,11 @@ def _env(
         "MODEL_FACTORY_IMAGE": settings.image,
         # The cluster's fabric first: a job's own NCCL settings below override it.
         **(rdma.nccl_env() if rdma else {}),
+        # A multi-node gang's workers get a fresh rendezvous store each round, hosted by rank 0:
+        # torchrun's shared store is namespaced by a restart count that only the failing pod's
+        # agent increments, so a restarted gang would not meet (training_runtime/distributed/
+        # process_group.py, _attempt_store).
+        **({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if job.nnodes > 1 else {}),
         **job.env,
         **job.gpu.nccl_env,
         **pipes_env,

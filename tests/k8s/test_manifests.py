@@ -86,6 +86,14 @@ def test_pod_index_comes_from_the_completion_index_annotation(settings):
     assert ref == f"metadata.annotations['{INDEX_ANNOTATION}']"
 
 
+def test_only_a_multi_node_gang_turns_off_torchruns_shared_store(settings):
+    # Its restart count is per agent, so a restarted multi-pod gang would not meet on it
+    # (tests/distributed/test_multinode_restart.py runs the real agents).
+    multi = _env(build_training_job(make_job(nnodes=2), settings))
+    assert multi["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in _env(build_training_job(make_job(nnodes=1), settings))
+
+
 def test_rendezvous_host_is_pod_zero_of_the_service(settings):
     job = make_job(nnodes=2)
     assert pod_fqdn(job, settings, 0).startswith(f"{job.name}-0.{job.name}.model-factory.svc.")

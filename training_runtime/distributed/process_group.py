@@ -102,17 +102,26 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0, io_timeout_
 
 
 def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store:
-    """The rendezvous store, namespaced by torchrun's restart count. torchrun's agent keeps one
-    shared TCPStore across restarts without a per-attempt prefix, so a restarted worker can read a
-    dead worker's gloo address and fail with 'connectFullMesh ... Connection refused'."""
+    """The rendezvous store of this attempt's workers.
+
+    On one node torchrun's agent shares one TCPStore with its workers across restarts
+    (TORCHELASTIC_USE_AGENT_STORE) without a per-attempt prefix, so a restarted worker can read a
+    dead worker's gloo address and fail with 'connectFullMesh ... Connection refused': its keys are
+    namespaced by the restart count. That count is each agent's own (pytorch/pytorch#108158,
+    #135712): only the agent whose worker failed increments it, the others restart theirs for the
+    membership change without counting, so the ranks of a restarted multi-node gang would wait
+    under different prefixes and never meet. Multi-node pods therefore turn the sharing off
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, resources/k8s/manifests.py): each rendezvous round then
+    hands rank 0 a fresh port, where it hosts a new store with nothing stale in it and no count to
+    agree on."""
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
-    else:  # plain env:// semantics: rank 0 hosts the store
-        store = dist.TCPStore(addr, port, world_size, is_master=int(os.environ["RANK"]) == 0,
-                              timeout=timeout, multi_tenant=True)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"training_runtime/attempt_{attempt}", store)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return dist.PrefixStore(f"training_runtime/attempt_{attempt}", store)
+    # Plain env:// semantics: rank 0 hosts this attempt's own store.
+    return dist.TCPStore(addr, port, world_size, is_master=int(os.environ["RANK"]) == 0, timeout=timeout,
+                         multi_tenant=True)
 
 
 def close_distributed() -> None:
