@@ -62,13 +62,25 @@ def open_launchpad(page: Page, ui_url: str) -> None:
     expect(page.locator(".CodeMirror").first).to_be_visible()
 
 
+def editor_text(page: Page) -> str:
+    return page.evaluate("() => document.querySelector('.CodeMirror').CodeMirror.getValue()")
+
+
 def type_run_config(page: Page, text: str) -> None:
     """Replace the editor's text. ``insert_text`` enters it as one input, as a paste would: typed
-    key by key, the editor's auto-indent would indent each new line a second time."""
-    page.locator(".CodeMirror").first.click()
-    page.keyboard.press("ControlOrMeta+a")
-    page.keyboard.insert_text(text)
-    assert page.evaluate("() => document.querySelector('.CodeMirror').CodeMirror.getValue()") == text
+    key by key, the editor's auto-indent would indent each new line a second time. The Launchpad
+    fills the editor with the job's scaffold (``resources: ...``) once its config schema arrives,
+    which on two busy cores can come after the editor is visible and replace what was typed (a
+    clean-clone run saw that), so the text is entered again until it has stayed for a second."""
+    deadline = time.monotonic() + 60
+    while True:
+        page.locator(".CodeMirror").first.click()
+        page.keyboard.press("ControlOrMeta+a")
+        page.keyboard.insert_text(text)
+        page.wait_for_timeout(1000)
+        if editor_text(page) == text or time.monotonic() > deadline:
+            break
+    assert editor_text(page) == text
 
 
 def launch_button(page: Page):
