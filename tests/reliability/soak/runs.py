@@ -3,7 +3,8 @@ Pipes message a training's rank 0 wrote reached the run's event log.
 
 **How runs end.** A run ends in success; or in a *named* failure, one whose error says what went
 wrong in the platform's own words (``NAMED_CAUSES``), never a bare traceback; or in a failure
-whose automatic retry (run retries, ``dagster/parent_run_id``) ended in success. A run still
+whose automatic retry (run retries, ``dagster/parent_run_id``) ended in success or in a named
+failure (a run whose worker was killed has no cause of its own). A run still
 queued or running after the soak's drain is stuck.
 
 **Pipes messages.** Rank 0's reporter writes a ledger line per message it wrote
@@ -112,20 +113,25 @@ def _verdict(out: RunOutcome, outcomes: dict[str, RunOutcome], runs: dict) -> st
         return "in flight"
     if out.status == "CANCELED":
         return "canceled (nothing in the soak cancels runs)"
-    seen, child = {out.run_id}, out.retried_by
+    seen, last, child = {out.run_id}, out, out.retried_by
     while child is not None and child not in seen:  # a retry of a retry ...
         seen.add(child)
         if outcomes[child].status == "SUCCESS":
             return "retry succeeded"
         if outcomes[child].status not in ("FAILURE",):
             return "retry in flight"
-        child = outcomes[child].retried_by
+        last, child = outcomes[child], outcomes[child].retried_by
     if out.causes:
         return "named failure"
+    # A killed run worker's run is marked failed from outside with no cause of its own; what
+    # the user is told is its last retry's failure (the first 30-minute soak judged such a
+    # chain, ending in "No space left on device", by the killed run alone).
+    if last is not out and last.causes:
+        return "retry ended in a named failure"
     return "unnamed failure"
 
 
-OK_VERDICTS = ("success", "named failure", "retry succeeded")
+OK_VERDICTS = ("success", "named failure", "retry succeeded", "retry ended in a named failure")
 
 
 # --- Pipes messages -----------------------------------------------------------------------------

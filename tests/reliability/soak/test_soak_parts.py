@@ -94,11 +94,15 @@ def test_a_run_is_fine_when_it_succeeded_failed_by_name_or_its_retry_succeeded()
             "c": RunOutcome("c", "wine", "FAILURE", None, "c", causes=named_causes(named)),
             "d": RunOutcome("d", "wine", "FAILURE", None, "d", causes=[]),
             "e": RunOutcome("e", "wine", "FAILURE", None, "e", retried_by="f"),
-            "f": RunOutcome("f", "wine", "FAILURE", "e", "e", causes=[])}
+            "f": RunOutcome("f", "wine", "FAILURE", "e", "e", causes=[]),
+            # a killed run worker (no cause of its own) whose retry then failed by name
+            "g": RunOutcome("g", "digits", "FAILURE", None, "g", causes=[], retried_by="h"),
+            "h": RunOutcome("h", "digits", "FAILURE", "g", "g", causes=["no space left on device"])}
     verdicts = {k: _verdict(v, runs, {}) for k, v in runs.items()}
     assert verdicts == {"a": "retry succeeded", "b": "success", "c": "named failure", "d": "unnamed failure",
-                        "e": "unnamed failure", "f": "unnamed failure"}
-    assert {k for k, v in verdicts.items() if v in OK_VERDICTS} == {"a", "b", "c"}
+                        "e": "unnamed failure", "f": "unnamed failure", "g": "retry ended in a named failure",
+                        "h": "named failure"}
+    assert {k for k, v in verdicts.items() if v in OK_VERDICTS} == {"a", "b", "c", "g", "h"}
 
 
 def test_half_written_versions_shard_sets_and_checkpoints_are_found(tmp_path):
