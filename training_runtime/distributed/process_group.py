@@ -3,8 +3,13 @@ rank's GPU, a gloo side group for waits on one rank's I/O), and the object colle
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import faulthandler
 import os
+import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,13 +97,43 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0, io_timeout_
         torch.cuda.set_device(dev)
     if launched:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group(backend, store=_attempt_store(world, timeout), rank=rank,
-                                world_size=world, timeout=timeout, **extra)
+        with _joining_deadline(timeout_s + JOIN_MARGIN_S, rank):
+            dist.init_process_group(backend, store=_attempt_store(world, timeout), rank=rank,
+                                    world_size=world, timeout=timeout, **extra)
+            io_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=io_timeout_s))
     else:
         rank, world = 0, 1
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **extra)
-    io_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=io_timeout_s))
+        io_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=io_timeout_s))
     return DistInfo(rank, local_rank, world, dev, backend, local_world, io_group)
+
+
+JOIN_MARGIN_S = 10.0
+
+
+@contextlib.contextmanager
+def _joining_deadline(seconds: float, rank: int) -> Iterator[None]:
+    """Ends the process (exit 1, a retryable failure: torchrun restarts the gang) when joining
+    the process group takes longer than ``seconds``. A TCPStore client connecting to a store
+    whose host process is stopped (a hung rank 0 hosting a multi-node attempt's store) waits
+    past its own timeout: torch logs "waitForInput ... timed out" and keeps waiting. The hang
+    watchdog only starts with training, so without this a peer of a rank hung in start-up would
+    wait for ever."""
+    def expire() -> None:
+        print(f"[rank{rank}] joining the process group took over {seconds:g} s (train.collective_timeout_s "
+              "plus a margin): a peer, or the store rank 0 hosts, is stalled or gone. Stacks follow; the "
+              "attempt fails and torchrun restarts the gang", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store:
