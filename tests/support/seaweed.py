@@ -129,7 +129,15 @@ class SeaweedServer:
                 raise RuntimeError(f"weed exited with {self.process.returncode}: {self.log_tail()}")
             try:
                 s3 = self.client()
-                if not any(b["Name"] == self.bucket for b in s3.list_buckets().get("Buckets", [])):
+                # HeadBucket, not ListBuckets: SeaweedFS 4.48 without an identity configuration
+                # lists no bucket at all, so after a restart on the same data (the soak's S3
+                # fault) a ListBuckets check would create the bucket again, be answered
+                # BucketAlreadyOwnedByYou and give up.
+                try:
+                    s3.head_bucket(Bucket=self.bucket)
+                except ClientError as exc:
+                    if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+                        raise
                     s3.create_bucket(Bucket=self.bucket)
                 s3.put_object(Bucket=self.bucket, Key=".probe", Body=b"ok")
                 s3.delete_object(Bucket=self.bucket, Key=".probe")

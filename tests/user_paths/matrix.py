@@ -39,18 +39,21 @@ def write_team_package(root: Path) -> Path:
     return package
 
 
-def write_workspace(path: Path, team_root: Path) -> Path:
+def write_workspace(path: Path, team_root: Path, *, platform_module: str = "tests.user_paths.platform_location",
+                    team_package: str = TEAM_PACKAGE) -> Path:
+    """A workspace of two locations: the platform's (``platform_module``, from the repository) and a
+    team package's from ``team_root``, outside it (the soak writes its own with these arguments)."""
     path.write_text(
         "load_from:\n"
         "  - python_module:\n"
-        "      module_name: tests.user_paths.platform_location\n"
+        f"      module_name: {platform_module}\n"
         "      attribute: defs\n"
         "      location_name: platform\n"
         f"      working_directory: {REPO}\n"
         "  - python_module:\n"
-        f"      module_name: {TEAM_PACKAGE}.definitions\n"
+        f"      module_name: {team_package}.definitions\n"
         "      attribute: defs\n"
-        f"      location_name: {TEAM_PACKAGE}\n"
+        f"      location_name: {team_package}\n"
         f"      working_directory: {team_root}\n")
     return path
 

@@ -34,8 +34,9 @@ from resources.platform import VersionedStoreResource
 from tests.reliability.soak.profile import LOCAL, REPOSITORY
 from tests.support.lakefs_server import LakeFSTestServer
 from tests.support.ports import free_ports
-from tests.reliability.soak.seaweed import RestartableSeaweed
+from tests.support.seaweed import SeaweedServer
 from tests.ui.webserver import _stop_group, _wait_until_serving
+from tests.user_paths.matrix import write_workspace
 from training_runtime.observe.pipes import LEDGER_ENV
 
 REPO = Path(__file__).resolve().parents[3]
@@ -53,28 +54,12 @@ def instance_config() -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def write_workspace(path: Path, team_root: Path) -> Path:
-    path.write_text(
-        "load_from:\n"
-        "  - python_module:\n"
-        "      module_name: tests.reliability.soak.location\n"
-        "      attribute: defs\n"
-        "      location_name: platform\n"
-        f"      working_directory: {REPO}\n"
-        "  - python_module:\n"
-        f"      module_name: {TEAM_PACKAGE}.definitions\n"
-        "      attribute: defs\n"
-        f"      location_name: {TEAM_PACKAGE}\n"
-        f"      working_directory: {team_root}\n")
-    return path
-
-
 @dataclass
 class SoakPlatform:
     root: Path
     launcher: str = LOCAL
     lakefs: LakeFSTestServer | None = None
-    seaweed: RestartableSeaweed | None = None
+    seaweed: SeaweedServer | None = None
     url: str = ""
     webserver: subprocess.Popen | None = None
     daemon: subprocess.Popen | None = None
@@ -108,12 +93,13 @@ class SoakPlatform:
         team_root = self.root / "team-code"
         shutil.copytree(Path(__file__).parent / "team_package", team_root / TEAM_PACKAGE,
                         ignore=shutil.ignore_patterns("__pycache__"))
-        workspace = write_workspace(self.root / "workspace.yaml", team_root)
+        workspace = write_workspace(self.root / "workspace.yaml", team_root,
+                                    platform_module="tests.reliability.soak.location", team_package=TEAM_PACKAGE)
         self._mount_scratch()
         secret = secrets.token_hex(16)
         self.lakefs = self._stack.enter_context(LakeFSTestServer(
             self.root / "lakefs", access_key_id="AKIASOAKTEST", secret_access_key=secret, stall_s=5))
-        self.seaweed = self._stack.enter_context(RestartableSeaweed(self.root / "weed", bucket="soak"))
+        self.seaweed = self._stack.enter_context(SeaweedServer(self.root / "weed", bucket="soak"))
         self.env = {
             **{k: v for k, v in os.environ.items()
                if not k.startswith(("DAGSTER_", "SOAK_", "TRAINING_RUNTIME_FAULT_", "PLATFORM_PROFILE"))},
