@@ -85,6 +85,9 @@ def test_a_training_function_runs_under_the_guards_and_lists_its_attempt(problem
     d = make_config(root, manifest, locations, name="guarded_fn")
     d["train_fn"] = "tests.runtime.test_guarding:_trains"
     d["validation"] = {"enabled": False}
+    # The data-stall share is timing: on two busy cores the loader's wait passed 30% once (a
+    # clean-clone CI run), which this test of the attempt's listing does not judge.
+    d["guards"] = {"data_stall_share": None}
     ctx = TrainingContext(RunConfig.from_dict(d), world_of_one)
     metrics = run_train_fn(ctx)
     assert metrics["attempts"] == [{"restart_count": 0, "resumed_from_step": None, "ended": "completed",
