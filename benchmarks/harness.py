@@ -15,6 +15,7 @@ from benchmarks.common import BENCH, PEERS_VENV, VENV_PY, run_json
 SIZES = {
     "tiny": {"reps": 1, "loader_seconds": 0.4, "rows_4k": 1100, "rows_192k": 120, "stall_seconds": 0.5,
              "pre_rows": 2000, "pre_dim": 64, "ckpt_hidden": 256, "ckpt_reps": 1, "scale_steps": 4,
+             "guards_steps": 4, "guards_reps": 1, "guard_step_steps": 3,
              "scale_rows": 1200, "over_rows": 1500, "over_target_s": 1.0, "growth_rows": 300,
              "growth_samples": 512, "limit_mb": 64, "chunk_mb": 0.5, "timeout": 300,
              "images": 1024, "token_windows": 16384, "typed_seconds": 1.5, "typed_reps": 3,
@@ -27,6 +28,9 @@ SIZES = {
                       "units": "UserBlock"}},
     "full": {"reps": 3, "loader_seconds": 2.0, "rows_4k": 17000, "rows_192k": 1420, "stall_seconds": 4.0,
              "pre_rows": 12000, "pre_dim": 256, "ckpt_hidden": 2048, "ckpt_reps": 5, "scale_steps": 40,
+             # 5b: two ranks on two cores vary by about 10 % from run to run; 5 alternated runs
+             # of 160 steps each put the medians' noise near the 2 % being judged
+             "guards_steps": 160, "guards_reps": 5, "guard_step_steps": 50,
              "scale_rows": 20000, "over_rows": 20000, "over_target_s": 70.0, "growth_rows": 2000,
              "growth_samples": 4096, "limit_mb": 64, "chunk_mb": 2.0, "timeout": 900,
              "images": 4096, "token_windows": 131072, "typed_seconds": 3.0, "typed_reps": 3,

@@ -301,7 +301,58 @@ def load(a: dict) -> dict:
             "data_bytes": sum(p.stat().st_size for p in paths)}
 
 
-PROBES = {"stall": stall, "preprocess": preprocess, "checkpoint": checkpoint, "load": load}
+# ---------------------------------------------------------------- the guards' per-step work
+def guard_step(a: dict) -> dict:
+    """The guards' own per-step work (``TrainStep.guard``: gradient norm and the device-side
+    non-finite counts) timed alone on the gradients of the scaling row's MLP, beside the whole
+    step it is part of (forward, backward, AdamW); one thread, as each rank runs. The end-to-end
+    row 5b adds telemetry and the watchdog, whose work is per interval, and the machine's noise."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from training_runtime.config import RunConfig
+    from training_runtime.models.builtin import build_model
+    from training_runtime.train.reporting import Interval
+    from training_runtime.train.step import TrainStep, make_optimizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    from benchmarks import training
+
+    data = Path(a["data"])
+    manifest = json.loads((data / "shards" / "manifest.json").read_text())
+    cfg = RunConfig.from_dict(training.runtime_config(data, manifest, Path(a["work"]), global_batch=a["batch"],
+                                                      max_steps=None))
+    features = manifest["feature_shape"][0]
+    model = build_model(cfg.model.name, [features], manifest["num_classes"], **cfg.model.kwargs)
+    optimizer = make_optimizer(cfg, model)
+    cpu = torch.device("cpu")
+    step = TrainStep(SimpleNamespace(config=cfg, device=cpu), model, optimizer, scheduler=None)
+    x, y = torch.randn(a["batch"], features), torch.randint(0, 10, (a["batch"],))
+
+    def whole() -> torch.Tensor:  # what TrainStep does for one batch with the guards off
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    def timed(fn, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+
+    iv, total = Interval(cpu), whole()  # gradients in place, as when the guards run
+    guard = lambda: step.guard(total, iv, 1)  # noqa: E731
+    steps, guards = [], []
+    for _ in range(a["reps"]):  # alternated, each a median's sample
+        steps.append(timed(whole, a["steps"]))
+        guards.append(timed(guard, a["steps"] * 10))
+    return {"step_s": steps, "guard_s": guards, "parameters": sum(p.numel() for p in model.parameters())}
+
+
+PROBES = {"stall": stall, "preprocess": preprocess, "checkpoint": checkpoint, "load": load, "guard_step": guard_step}
 
 
 def main(argv: list[str] | None = None) -> int:

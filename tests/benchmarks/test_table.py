@@ -99,3 +99,17 @@ def test_a_path_whose_process_died_under_the_memory_limit_is_a_missed_row_of_its
     died = _row(text, "7b. 72 MB CSV under a 64 MB data limit (platform_ge)")
     assert died[1] == "failed: the process died (exit -6): Check failed: Out of memory" and died[4] == "**missed**"
     assert _row(text, "7b. 72 MB CSV under a 64 MB data limit (platform)")[4] == "met"
+
+
+def test_the_guards_row_shows_the_runs_spread_and_the_guards_own_work_alone():
+    guards = {"median_step_s": {"on": 0.0454, "off": 0.0446}, "cost": 0.0454 / 0.0446 - 1, "steps": 160,
+              "runs": {"on": [0.045, 0.0455, 0.046], "off": [0.041, 0.0446, 0.049]}, "off_spread": 0.049 / 0.041 - 1,
+              "guard_step": {"guard_s": 0.00065, "step_s": 0.032, "share": 0.00065 / 0.032}}
+    row = _row(table(_results(guards=guards)), "5b. telemetry and guards")
+    assert row[1] == "+1.8% step time" and row[4] == "met"
+    assert "median of 3 runs of 160 steps each, alternated); the off runs spread 20%" in row[2]
+    assert "own per-step work alone (gradient norm, non-finite counts on the device) 0.65 ms, 2.0% of a one-rank step" in row[2]
+    del guards["guard_step"], guards["off_spread"], guards["steps"]  # results.json from before the probe
+    guards["cost"] = 0.152
+    row = _row(table(_results(guards=guards)), "5b. telemetry and guards")
+    assert row[1] == "+15.2% step time" and row[4] == "**missed**" and row[2].endswith("(median of 3 runs each, alternated)")

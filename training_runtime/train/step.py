@@ -83,22 +83,27 @@ class TrainStep:
             self._apply_update(skip=False)
             iv.loss_steps += 1
             return total
+        skip = self.guard(total, iv, step)
+        self._apply_update(skip=skip)
+        if skip:  # left out of the interval's loss: its sum and its count of steps
+            return torch.zeros_like(total)
+        iv.loss_steps += 1
+        return total
+
+    def guard(self, total: torch.Tensor, iv: Interval, step: int) -> bool:
+        """The guards' whole per-step work: the gradient norm, and a non-finite loss or gradient
+        counted on the device (no synchronisation; read with the interval's figures, where the
+        checks run). Returns whether to skip the batch, which has to be decided now, so only with
+        guards.nonfinite_skip_batches does it cost a sync. benchmarks/probes.py times this alone."""
         norm = self._grad_norm()
         iv.grad_norm = norm
-        # Non-finite loss or gradient, counted on the device (no synchronisation) and read with the
-        # interval's figures; skipping a batch has to be decided now, so it costs a sync.
         bad_loss = ~torch.isfinite(total)
         bad = (bad_loss | ~torch.isfinite(norm)).float()
         iv.nonfinite += bad
         iv.nonfinite_loss += bad_loss.float()
         iv.first_nonfinite = torch.where((bad > 0) & (iv.first_nonfinite < 0),
                                          torch.full_like(iv.first_nonfinite, step), iv.first_nonfinite)
-        skip = bool(self.cfg.guards.nonfinite_skip_batches) and self._any_rank_bad(bad)
-        self._apply_update(skip=skip)
-        if skip:  # left out of the interval's loss: its sum and its count of steps
-            return torch.zeros_like(total)
-        iv.loss_steps += 1
-        return total
+        return bool(self.cfg.guards.nonfinite_skip_batches) and self._any_rank_bad(bad)
 
     def _apply_update(self, *, skip: bool) -> None:
         """The optimizer step (none for a skipped batch), then the schedule's step either way (the
