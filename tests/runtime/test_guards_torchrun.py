@@ -93,8 +93,9 @@ def test_a_straggler_and_a_data_stall_are_named(problem):
     root, manifest, locations = problem
     cfg = make_config(root, manifest, locations, name="slow")
     cfg["guards"] = {"straggler_window": 3}
+    # A batch every 0.25 s: on two busy cores a step can take over 0.12 s, and the loader kept up.
     proc = torchrun(cfg, root / "slow.json", env={"TRAINING_RUNTIME_FAULT_SLOW_RANK": "1:0.04",
-                                                  "TRAINING_RUNTIME_FAULT_SLOW_LOADER": "0.12"})
+                                                  "TRAINING_RUNTIME_FAULT_SLOW_LOADER": "0.25"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = _metrics(cfg)
     by_kind = {}
