@@ -133,6 +133,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _send(pid: int, sig: int, fault: Fault, *, group: bool = False) -> bool:
+    """Signal a target chosen a moment ago; False, with the fault not injected and saying why,
+    when it ended in between (a training finishing as it is picked: drawn again next round)."""
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except ProcessLookupError:
+        fault.detail = f"the target (pid {pid}) ended before {signal.Signals(sig).name}"
+        return False
+    return True
+
+
 # --- the faults ------------------------------------------------------------------------------------
 @dataclass
 class FaultContext:
@@ -173,7 +184,8 @@ def worker_kill(ctx, rng, fault: Fault) -> None:
         fault.detail = "no training was running"
         return
     time.sleep(rng.uniform(0.0, 2.0))
-    os.kill(rank.pid, signal.SIGKILL)
+    if not _send(rank.pid, signal.SIGKILL, fault):
+        return
     fault.injected, fault.target = True, rank.describe()
     fault.detail = f"rank {rank.rank} of {rank.world_size} SIGKILLed"
 
@@ -207,7 +219,8 @@ def worker_kill_in_checkpoint_write(ctx, rng, fault: Fault) -> None:
                 continue
             victim = rng.choice(sorted(writers, key=lambda r: r.rank))
             still_writing = (folder / name).exists()
-            os.kill(victim.pid, signal.SIGKILL)
+            if not _send(victim.pid, signal.SIGKILL, fault):
+                return
             fault.injected, fault.target = True, victim.describe()
             fault.detail = (f"rank {victim.rank} SIGKILLed as {name} began to be written"
                             + ("" if still_writing else " (the write may just have finished)"))
@@ -232,7 +245,8 @@ def run_worker_kill(ctx, rng, fault: Fault) -> None:
     if pid is None or not alive(pid):
         fault.detail = f"run {run.run_id} had no live worker pid"
         return
-    os.kill(pid, signal.SIGKILL)
+    if not _send(pid, signal.SIGKILL, fault):
+        return
     fault.injected, fault.unix = True, time.time()
     fault.target = {"model": run.tags.get("platform/model"), "run_id": run.run_id, "pid": pid,
                     "root_run_id": run.tags.get("dagster/root_run_id", run.run_id)}
@@ -391,7 +405,8 @@ def rank_hang(ctx, rng, fault: Fault) -> None:
     if rank is None:
         fault.detail = "no training of two or more ranks was running"
         return
-    os.kill(rank.pid, signal.SIGSTOP)
+    if not _send(rank.pid, signal.SIGSTOP, fault):
+        return
     fault.injected, fault.target = True, rank.describe()
     bound_s = HANG_TIMEOUT_S + COLLECTIVE_TIMEOUT_S + 60.0
     deadline = time.monotonic() + bound_s
@@ -423,7 +438,8 @@ def pod_deleted(ctx, rng, fault: Fault) -> None:
         return
     name = rng.choice(sorted(pods))
     pgid, node = pods[name]
-    os.killpg(pgid, signal.SIGTERM)
+    if not _send(pgid, signal.SIGTERM, fault, group=True):
+        return
     fault.injected, fault.target = True, {"pod": name, "node": node, "pgid": pgid, **_pod_run(ctx, name)}
     fault.detail = f"pod {name} deleted (SIGTERM to its processes)"
 

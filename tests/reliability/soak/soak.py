@@ -33,7 +33,7 @@ from tests.reliability.soak.footprint import Footprint, leftover_temporaries
 from tests.reliability.soak.invariants import INVARIANTS, Checker
 from tests.reliability.soak.load import Clock, Commits, GraphQLReader, Retrains
 from tests.reliability.soak.platform import SoakPlatform
-from tests.reliability.soak.profile import KUBERNETES, LOCAL
+from tests.reliability.soak.profile import LOCAL
 from tests.reliability.soak.settings import SoakSettings
 
 QUIET_S = 45.0  # the drain ends once no run has been in flight for this long

@@ -19,7 +19,7 @@ import torch
 
 from resources.launch.live_telemetry import LiveTempFileMessageReader
 from resources.store.local import LocalVersionedStore
-from tests.reliability.soak.faults import LOCAL_CLASSES, FaultPlan
+from tests.reliability.soak.faults import LOCAL_CLASSES, Fault, FaultPlan, _send
 from tests.reliability.soak.invariants import checkpoint_problems, commit_problems, dataset_problems
 from tests.reliability.soak.runs import OK_VERDICTS, RunOutcome, _verdict, count_messages, named_causes
 from tests.reliability.soak.settings import SoakSettings
@@ -250,3 +250,19 @@ def test_a_shorter_soak_has_shorter_gaps_between_faults():
     assert settings.gap_for(30) == settings.gap_for(90) == (15.0, 40.0)
     assert settings.gap_for(6) == (3.0, 8.0) == settings.gap_for(1)  # a fifth at most
     assert settings.gap_for(15) == (7.5, 20.0)
+
+
+def test_a_target_that_ended_as_it_was_picked_is_not_injected_and_says_why():
+    """A training may finish between being picked and being signalled (a Kubernetes soak's
+    worker_kill hit this: the injector raised ProcessLookupError and the soak counted its own error)."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    fault = Fault("worker_kill", at=1.0)
+    assert not _send(child.pid, signal.SIGKILL, fault) and not fault.injected
+    assert fault.detail == f"the target (pid {child.pid}) ended before SIGKILL"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert _send(live.pid, signal.SIGKILL, Fault("worker_kill", at=2.0))
+    assert live.wait(timeout=30) == -signal.SIGKILL
