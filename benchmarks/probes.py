@@ -311,6 +311,7 @@ def guard_step(a: dict) -> dict:
 
     import torch
 
+    from benchmarks import training
     from training_runtime.config import RunConfig
     from training_runtime.models.builtin import build_model
     from training_runtime.train.reporting import Interval
@@ -318,8 +319,6 @@ def guard_step(a: dict) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    from benchmarks import training
-
     data = Path(a["data"])
     manifest = json.loads((data / "shards" / "manifest.json").read_text())
     cfg = RunConfig.from_dict(training.runtime_config(data, manifest, Path(a["work"]), global_batch=a["batch"],
@@ -332,6 +331,7 @@ def guard_step(a: dict) -> dict:
     x, y = torch.randn(a["batch"], features), torch.randint(0, 10, (a["batch"],))
 
     def whole() -> torch.Tensor:  # what TrainStep does for one batch with the guards off
+        optimizer.zero_grad(set_to_none=True)  # first, so the gradients stay for the guard's timing
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
