@@ -9,9 +9,11 @@
 - ``checkpoint``: the runtime's synchronous checkpoint against ``torch.save``; the asynchronous
   mode's training stall against the synchronous save.
 - ``load``: one epoch of the runtime's loader (for the growth figure).
-Peak memory (RSS and anonymous RSS) is sampled during the measured section; ``--data-limit-mb``
+Peak memory (RSS and anonymous RSS) is sampled during the measured section; ``data_limit_mb``
 caps the process's data segment (RLIMIT_DATA: heap and anonymous mappings, not file-backed maps)
-at that many MB above what it uses after imports.
+at that many MB above what it uses after imports, and ``memory_cgroup`` moves it into a memory
+cgroup made by the harness (``benchmarks/memcg.py``: a limit on real memory, as a pod's) once
+its imports are done.
 """
 
 from __future__ import annotations
@@ -155,8 +157,14 @@ def preprocess(a: dict) -> dict:
 
     spec = _bench_spec(src.name, dim, sps, a.get("chunk_mb", 32.0))  # validating a spec imports torch: not part of the work
     limit = _limit_data(a.get("data_limit_mb"))
+    cgroup = a.get("memory_cgroup")  # {"version", "path", "limit_bytes"}: a real-memory limit from here on
+    if cgroup:
+        from benchmarks import memcg
+
+        memcg.join(cgroup["path"])
     source_bytes = src.stat().st_size
-    result: dict = {"how": how, "source_bytes": source_bytes, "data_limit_bytes": limit}
+    result: dict = {"how": how, "source_bytes": source_bytes, "data_limit_bytes": limit,
+                    "memory_limit_bytes": cgroup["limit_bytes"] if cgroup else None}
     with tempfile.TemporaryDirectory(dir=a.get("tmp")) as tmp, PeakMemory() as mem:
         out = Path(tmp)
         t0 = time.perf_counter()
@@ -193,6 +201,8 @@ def preprocess(a: dict) -> dict:
     result.update(peak_rss_bytes=mem.peak_rss, peak_anon_bytes=mem.peak_anon,
                   work_anon_bytes=mem.peak_anon - mem.start_anon,
                   mb_per_s=source_bytes / 2**20 / result["seconds"])
+    if cgroup:
+        result["cgroup_peak_bytes"] = memcg.peak_bytes(cgroup["version"], cgroup["path"])
     return result
 
 

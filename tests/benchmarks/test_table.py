@@ -101,6 +101,35 @@ def test_a_path_whose_process_died_under_the_memory_limit_is_a_missed_row_of_its
     assert _row(text, "7b. 72 MB CSV under a 64 MB data limit (platform)")[4] == "met"
 
 
+def test_the_memory_limit_rows_are_judged_by_real_memory_with_the_address_space_limit_beside():
+    """7b's paths ran under a memory cgroup (judged) and under RLIMIT_DATA (reported); the
+    whole-frame reference is reported, not judged, and a kill at the cgroup's limit is named."""
+    series = {"exponent": 0.9, "anon_growth_16x_vs_1x": 1.2, "seconds": {"1": 0.1, "4": 0.4, "16": 1.5},
+              "work_anon_mb": {"1": 40, "4": 45, "16": 48}}
+    arrow = {"ok": False, "error": "ArrowMemoryError: malloc of size 1049600 failed", "seconds": 0.1,
+             "work_anon_bytes": 23 * MB}
+    done = {"ok": True, "seconds": 9.5, "work_anon_bytes": 30 * MB, "cgroup_peak_bytes": 64 * MB, "same_shards": True}
+    growth = {"factors": [1, 4, 16], "chunk_mb": 2.0, "preprocess": {"platform": series}, "load": series,
+              "memory_limit": {"source_bytes": 72 * MB, "limit_mb_above_imports": 64,
+                               "platform_ge": {"memory": done, "address_space": arrow},
+                               "whole": {"memory": {"ok": False, "process_died": True, "error": "the process died "
+                                                    "(exit -9): killed at the memory limit"},
+                                         "address_space": arrow},
+                               "platform": {"memory": {"ok": False, "not_measured": True,
+                                                       "error": "no writable memory cgroup on this machine"},
+                                            "address_space": {"ok": True, "seconds": 2.0, "work_anon_bytes": 22 * MB}}}}
+    text = table(_results(growth=growth))
+    ge = _row(text, "7b. 72 MB CSV under a 64 MB memory limit (platform_ge)")
+    assert ge[1] == "completed" and ge[3] == "completes" and ge[4] == "met"
+    assert "9.5 s; peak anonymous 30 MB above start" in ge[2] and "same shards as without the limit: True" in ge[2]
+    assert "under RLIMIT_DATA of 64 MB (address space, thread stacks counted whole) failed: ArrowMemoryError" in ge[2]
+    whole = _row(text, "7b. 72 MB CSV under a 64 MB memory limit (whole)")
+    assert whole[1].startswith("failed: the process died (exit -9)") and whole[4] == "—"
+    # no cgroup to be had: judged by the address-space limit, and said so
+    plain = _row(text, "7b. 72 MB CSV under a 64 MB data limit (platform)")
+    assert plain[4] == "met" and "no writable memory cgroup on this machine" in plain[2]
+
+
 def test_the_guards_row_shows_the_runs_spread_and_the_guards_own_work_alone():
     guards = {"median_step_s": {"on": 0.0454, "off": 0.0446}, "cost": 0.0454 / 0.0446 - 1, "steps": 160,
               "runs": {"on": [0.045, 0.0455, 0.046], "off": [0.041, 0.0446, 0.049]}, "off_spread": 0.049 / 0.041 - 1,
