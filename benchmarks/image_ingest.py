@@ -15,7 +15,8 @@ processes, two ways (``measure --how``):
   ``Image.open(path).convert("RGB")`` + the same center crop and bilinear resize + ``np.asarray``
   over the files (in slices of 64, as the platform's tasks), then one ``.npy`` of all the arrays.
 
-The clock covers everything after imports: starting the pool, reading, decoding, writing. Both
+The clock covers everything after imports and the spec (built first, as Dagster builds it when it
+loads the definitions): starting the pool, reading, decoding, writing. Both
 sides hash their pixels in id order afterwards (not timed), so the report says whether they made
 the same samples.
 
@@ -139,10 +140,10 @@ def start_forkserver(workers: int) -> None:
         list(pool.ordered(abs, [(None, -1)]))
 
 
-def run_platform(raw: Path, out: Path, workers: int) -> dict:
+def run_platform(spec, raw: Path, out: Path, workers: int) -> dict:
     from assets.kinds.image_shards import shard_images
 
-    return shard_images(image_spec(), raw, out / "shards", workers)
+    return shard_images(spec, raw, out / "shards", workers)
 
 
 def _digest(ids: list[str], pixels) -> str:
@@ -169,6 +170,11 @@ def _platform_samples(manifest: dict, out: Path) -> tuple[list[str], list[np.nda
 def measure(how: str, data: Path, workers: int) -> dict:
     files = image_files(data)
     raw = raw_copy(data) if how != "plain" else None
+    # built before the clock, as Dagster builds it when it loads the definitions: the spec's
+    # checks import the Kubernetes client (0.55 s), which is not the shards asset's work
+    spec = image_spec() if how != "plain" else None
+    if spec is not None:
+        import assets.kinds.image_shards  # noqa: F401  (imported before the clock, as the plain side's Pillow is)
     _warm([raw] if raw is not None else files)  # both read from the page cache
     pool_start_s = None
     if how == "platform_warm":
@@ -179,7 +185,7 @@ def measure(how: str, data: Path, workers: int) -> dict:
         out = Path(tmp)
         t0 = time.perf_counter()
         if how != "plain":
-            manifest = run_platform(raw, out, workers)
+            manifest = run_platform(spec, raw, out, workers)
             seconds = time.perf_counter() - t0
             ids, pixels = _platform_samples(manifest, out)
         else:

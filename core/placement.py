@@ -173,7 +173,7 @@ def placement_problems(placement: Placement, *, gpus_per_node: int, gpu_resource
                        shm_gib_per_gpu: float) -> list[tuple[str, str]]:
     """(field, problem) for each placement or GPU setting that cannot make a schedulable pod; the
     fields are named as a pipeline declares them (placement.*, recipe.gpu_resource_name)."""
-    from resources.launch.base import GpuRequest, is_quantity  # the pod's sizing rules live there
+    from resources.launch.base import GpuRequest, is_quantity, parse_quantity  # the pod's sizing rules live there
 
     p = placement
     problems: list[tuple[str, str]] = []
@@ -205,8 +205,6 @@ def placement_problems(placement: Placement, *, gpus_per_node: int, gpu_resource
             problems.append((f"placement.{name}", f"{value!r} is not a Kubernetes quantity such as '8', '500m' or "
                              "'64Gi'; leave it out to size the pod per GPU from the recipe"))
     if sizes_ok:
-        from kubernetes.utils import parse_quantity
-
         gpu = GpuRequest(gpus_per_node=max(gpus_per_node, 0), cpu_per_gpu=cpu_per_gpu,
                          memory_gib_per_gpu=memory_gib_per_gpu, shm_gib_per_gpu=shm_gib_per_gpu,
                          cpu=p.cpu, memory=p.memory, shm_size=p.shm)

@@ -17,11 +17,13 @@ A failed check keeps the evidence on the run branch; nothing reaches main.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from assets.kinds.base import RawData
-from assets.quality import QualityReport
 from core.spec import ImageFolder, PipelineSpec, TextCorpus
+
+if TYPE_CHECKING:  # the image pool's workers import this package: they need neither GE's reports nor pandas
+    from assets.quality import QualityReport
 
 __all__ = ["DataKind", "RawData", "data_kind"]
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from assets.quality import QualityReport
+if TYPE_CHECKING:  # an annotation only: the image workers import this package, and not pandas with it
+    from assets.quality import QualityReport
 
 
 @dataclass(frozen=True)

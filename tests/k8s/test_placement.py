@@ -260,3 +260,41 @@ def test_a_yaml_block_declares_its_placement(defs):
     (defs.folder / "iris_bad" / "defs.yaml").write_text(training_block("iris_bad", more="  placement: {tolerate: []}\n"))
     with pytest.raises(BlockDefinitionError, match=r"field 'placement.tolerate': not a field of placement"):
         defs.specs(alongside=[])
+
+
+@pytest.mark.parametrize("value", ["8", "500m", "1.5", "64Gi", "1536Mi", "2Ki", "100k", "3M", "1e3", "0.5Ti", 7, 2.5])
+def test_quantities_are_read_by_the_client_librarys_own_parser(value):
+    """The placement checks read quantities with kubernetes' parse_quantity loaded from its module
+    file alone (resources/launch/base.parse_quantity); it must read what the library reads."""
+    from kubernetes.utils import parse_quantity as library
+
+    from resources.launch.base import parse_quantity
+
+    assert parse_quantity(value) == library(value)
+
+
+@pytest.mark.parametrize("value", ["8Q", "ki", "1ki", "abc"])
+def test_a_quantity_the_library_refuses_is_refused(value):
+    from kubernetes.utils import parse_quantity as library
+
+    from resources.launch.base import parse_quantity
+
+    with pytest.raises(ValueError):
+        library(value)
+    with pytest.raises(ValueError):
+        parse_quantity(value)
+
+
+def test_building_a_pipeline_spec_does_not_import_the_kubernetes_client():
+    """Every process that loads definitions builds specs (run workers, code servers, the CLI);
+    importing the kubernetes package's API client there cost 0.55 s each, for a quantity check."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from core.placement import Placement; from core.spec import model_pipeline; "
+            "model_pipeline('iris', source='iris/*.csv', features=['a'], label='y', classes=['p', 'q'], "
+            "placement=Placement(memory='16Gi', shm='4Gi')); print(sorted(m for m in sys.modules if m.startswith('kubernetes')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"
