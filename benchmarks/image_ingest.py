@@ -170,8 +170,8 @@ def _platform_samples(manifest: dict, out: Path) -> tuple[list[str], list[np.nda
 def measure(how: str, data: Path, workers: int) -> dict:
     files = image_files(data)
     raw = raw_copy(data) if how != "plain" else None
-    # built before the clock, as Dagster builds it when it loads the definitions: the spec's
-    # checks import the Kubernetes client (0.55 s), which is not the shards asset's work
+    # built before the clock, as Dagster builds it when it loads the definitions: building a spec
+    # (its checks) is the definitions' work, not the shards asset's
     spec = image_spec() if how != "plain" else None
     if spec is not None:
         import assets.kinds.image_shards  # noqa: F401  (imported before the clock, as the plain side's Pillow is)
