@@ -186,8 +186,8 @@ class SweepRunner:
         states = optuna.trial.TrialState
         trials = self.study.get_trials(deepcopy=False)
         finished = sum(t.state.is_finished() for t in trials)
-        # Cut off by a kill of an earlier attempt: resume them (their params are stored) first.
-        resume = [optuna.trial.Trial(self.study, t._trial_id) for t in trials if t.state == states.RUNNING]  # noqa: SLF001
+        # Cut off by a kill of an earlier attempt: resume them first, under their own numbers.
+        resume = [self._resumed(t) for t in trials if t.state == states.RUNNING]
         reported = {t.number: set(t.intermediate_values) for t in trials}
         budget = self.sweep.trials - finished - len(resume)
         if finished or resume:
@@ -219,6 +219,21 @@ class SweepRunner:
                     self._finish(running.pop(future), future)
                     self._changed()
         return self.result()
+
+    def _resumed(self, frozen: Any):
+        """The study's trial ``frozen``, cut off RUNNING, with every parameter of the space.
+
+        ``study.ask`` stores a trial's row first and then its parameters one at a time, so a kill
+        inside it leaves a RUNNING trial with only some of them (it had not launched yet). The
+        missing ones are drawn now as ``ask`` would have drawn them (``Trial._suggest`` is what
+        ``ask`` calls; it keeps a stored value), so the trial launches with the whole space
+        instead of failing on a missing key."""
+        import optuna
+
+        trial = optuna.trial.Trial(self.study, frozen._trial_id)  # noqa: SLF001
+        for name, distribution in self.distributions.items():
+            trial._suggest(name, distribution)  # noqa: SLF001
+        return trial
 
     def _attempts(self, plan: TrialPlan) -> tuple[dict[str, Any] | None, int, str | None]:
         """Runs on a pool thread: the trial's launches (a restart resumes its checkpoints)."""

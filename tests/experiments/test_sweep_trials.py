@@ -138,6 +138,30 @@ def test_a_killed_sweep_resumes_where_it_stopped_without_repeating_a_trial(tmp_p
     assert json.loads((Path(result.records[0].folder) / "metrics.json").read_text())["best_value"] is not None
 
 
+def test_a_sweep_killed_inside_ask_resumes_its_half_asked_trials_with_every_parameter(tmp_path):
+    """``study.ask`` stores the trial's row, then its parameters one at a time: a kill in between
+    left a RUNNING trial without some of them, and resuming it failed the trial on the missing key
+    (seen once in make test, in the kill test above)."""
+    sweep = Sweep(space=SPACE, objective="loss", trials=3, parallelism=2, sampler="tpe", pruner="none",
+                  startup_trials=2, seed=1)
+    runner = _runner(tmp_path, sweep, FakeLaunches(delay_s=0.0))
+    study, storage = runner.study, runner.study._storage  # noqa: SLF001
+    # What the kill leaves: one trial with only its learning rate stored, one with no parameter.
+    partial = storage.create_new_trial(study._study_id)  # noqa: SLF001
+    storage.set_trial_param(partial, "train.lr", 0.01, runner.distributions["train.lr"])
+    storage.create_new_trial(study._study_id)  # noqa: SLF001
+
+    launches = FakeLaunches(delay_s=0.0)
+    runner.launch = launches
+    result = runner.run()
+
+    assert [r.state for r in result.records] == [COMPLETE] * 3
+    assert sorted(launches.launched) == [0, 1, 2]  # the two cut-off trials under their own numbers
+    for r in result.records:
+        assert set(r.params) == set(SPACE)
+    assert result.records[0].params["train.lr"] == 0.01  # a stored value is kept, not drawn again
+
+
 def test_a_grid_sweep_ends_when_its_last_grid_point_is_told(tmp_path):
     """Optuna's grid sampler calls study.stop() after the last grid point; outside
     study.optimize that raised RuntimeError and failed the step once every trial had finished
