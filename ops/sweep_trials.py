@@ -110,7 +110,10 @@ def make_sampler(sweep: Sweep):
     import optuna
 
     if sweep.sampler == "grid":
-        return optuna.samplers.GridSampler(grid_of(sweep.space), seed=sweep.seed)
+        # The grid's values as the distributions hold them (``distributions``): a list choice,
+        # such as hidden sizes, is its JSON text in both, or the grid point is not a choice.
+        grid = {key: [_encode(v) for v in values] for key, values in grid_of(sweep.space).items()}
+        return optuna.samplers.GridSampler(grid, seed=sweep.seed)
     if sweep.sampler == "random":
         return optuna.samplers.RandomSampler(seed=sweep.seed)
     return optuna.samplers.TPESampler(seed=sweep.seed, n_startup_trials=max(1, sweep.startup_trials))

@@ -144,15 +144,14 @@ def test_a_sweep_killed_inside_ask_resumes_its_half_asked_trials_with_every_para
     (seen once in make test, in the kill test above)."""
     sweep = Sweep(space=SPACE, objective="loss", trials=3, parallelism=2, sampler="tpe", pruner="none",
                   startup_trials=2, seed=1)
-    runner = _runner(tmp_path, sweep, FakeLaunches(delay_s=0.0))
+    launches = FakeLaunches(delay_s=0.0)
+    runner = _runner(tmp_path, sweep, launches)
     study, storage = runner.study, runner.study._storage  # noqa: SLF001
     # What the kill leaves: one trial with only its learning rate stored, one with no parameter.
     partial = storage.create_new_trial(study._study_id)  # noqa: SLF001
     storage.set_trial_param(partial, "train.lr", 0.01, runner.distributions["train.lr"])
     storage.create_new_trial(study._study_id)  # noqa: SLF001
 
-    launches = FakeLaunches(delay_s=0.0)
-    runner.launch = launches
     result = runner.run()
 
     assert [r.state for r in result.records] == [COMPLETE] * 3
@@ -170,6 +169,17 @@ def test_a_grid_sweep_ends_when_its_last_grid_point_is_told(tmp_path):
                   pruner="none")
     result = _runner(tmp_path, sweep, FakeLaunches()).run()
     assert [r.state for r in result.records] == [COMPLETE, COMPLETE]
+
+
+def test_a_grid_sweep_over_list_choices_tries_every_grid_point(tmp_path):
+    """A grid over hidden sizes: the grid sampler's values must be the distributions' (JSON text
+    for a list), or the first ask failed with "'[32, 16]' not in ('json:[16]', 'json:[32, 16]')"."""
+    sweep = Sweep(space={"train.lr": Choice(0.01, 0.1), "model.hidden_sizes": Choice([16], [32, 16])},
+                  objective="loss", trials=4, parallelism=2, sampler="grid", pruner="none")
+    result = _runner(tmp_path, sweep, FakeLaunches(delay_s=0.0)).run()
+    assert [r.state for r in result.records] == [COMPLETE] * 4
+    points = sorted((r.params["train.lr"], r.params["model.hidden_sizes"]) for r in result.records)
+    assert points == [(0.01, [16]), (0.01, [32, 16]), (0.1, [16]), (0.1, [32, 16])]
 
 
 def test_a_sweep_whose_every_trial_failed_says_why_in_its_failure(tmp_path):
