@@ -24,6 +24,7 @@ from assets.kinds import data_kind
 from assets.kinds.image_decode import decode_jpeg, preprocessing_code_sha256
 from assets.kinds.image_ingest import RAW_COLUMNS
 from assets.kinds.images import IMAGES, ImageKind, preprocess_images
+from assets.sharding import SPLITS, assign_splits
 from core.datasets import dataset_tags
 from core.spec import ImageFolder, ImagePreprocessing, dataset_pipeline
 from pipelines.models.shapes import CLASSES, draw_shape, shapes_dataset, write_shapes_source
@@ -243,6 +244,35 @@ def test_shards_are_deterministic_and_their_checks_catch_a_changed_file_a_wrong_
     assert f"{entry['path']}: sha256 " in failures and "differs from its manifest entry" in failures
     assert "decodes to (16, 12, 3), declared (8, 8, 3)" in failures
     assert "class 'hexagon' (label 3) has no sample in the train split" in failures
+
+
+def test_pixel_shards_hold_every_image_once_in_id_order_across_shard_boundaries(tmp_path):
+    # tasks of 14 images (27 over 2 workers) into shards of 4: a task's run of one split's
+    # samples is copied into its shards in blocks, so blocks cross shard ends
+    rng = np.random.default_rng(5)
+    files = {f"{k}/{k}-{i}.png": encode(draw_shape(k, rng, 24), "PNG") for k in CLASSES for i in range(9)}
+    root = tmp_path / "sources"
+    paths = write_files(root / "pics", files)
+    spec = image_spec("pics", prep=ImagePreprocessing(size=(8, 8)), samples_per_shard=4)
+    raw = INLINE.ingest(spec, paths, root, tmp_path / "images.parquet")
+
+    manifest = IMAGES.shard(spec, raw.path, tmp_path / "shards")
+
+    assert INLINE.shard(spec, raw.path, tmp_path / "inline") == manifest
+    columns = columns_from_manifest(manifest)
+    expected = dict(zip(sorted(files), assign_splits(pd.Series(sorted(files)), spec.split.seed,
+                                                    (spec.split.train, spec.split.validation, spec.split.test))))
+    seen = []
+    for code, split in enumerate(SPLITS):
+        shards = [ShardColumns(tmp_path / "shards" / e["path"], e, columns) for e in manifest["splits"][split]["shards"]]
+        assert [s.num_samples for s in shards[:-1]] == [4] * (len(shards) - 1) and 0 < shards[-1].num_samples <= 4
+        ids = [s.value("id", i).decode() for s in shards for i in range(s.num_samples)]
+        assert ids == sorted(ids) and all(expected[i] == code for i in ids), split
+        images = np.concatenate([np.array(s.arrays["image"]) for s in shards])
+        for image_id, image in zip(ids, images):
+            assert np.array_equal(image, pixels(files[image_id], size=(8, 8))), image_id
+        seen += ids
+    assert sorted(seen) == sorted(files)
 
 
 def test_ingest_reads_a_parquet_manifest_and_links_inside_the_sources_root(tmp_path):
