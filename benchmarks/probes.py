@@ -7,7 +7,8 @@
   standard Great Expectations raw suite the assets run), by the whole-frame path (``load_frame`` +
   ``build_shards``), or by pyarrow + numpy writing the same bytes.
 - ``checkpoint``: the runtime's synchronous checkpoint against ``torch.save``; the asynchronous
-  mode's training stall against the synchronous save.
+  mode's training stall (the save and the training step after it, less that step alone)
+  against the synchronous save.
 - ``load``: one epoch of the runtime's loader (for the growth figure).
 Peak memory (RSS and anonymous RSS) is sampled during the measured section; ``data_limit_mb``
 caps the process's data segment (RLIMIT_DATA: heap and anonymous mappings, not file-backed maps)
@@ -207,10 +208,9 @@ def preprocess(a: dict) -> dict:
 
 
 # ---------------------------------------------------------------- checkpointing
-def _train_state(hidden: int, layers: int):
+def _train_setup(hidden: int, layers: int):
+    """An MLP with AdamW after one step, and ``step()``, one more training step of it (batch 256)."""
     import torch
-
-    from training_runtime.checkpoint import full as ckpt
 
     torch.manual_seed(0)
     mods = []
@@ -219,19 +219,31 @@ def _train_state(hidden: int, layers: int):
         mods += [torch.nn.Linear(width, hidden), torch.nn.ReLU()]
         width = hidden
     model = torch.nn.Sequential(*mods, torch.nn.Linear(width, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(8, 1024)).sum().backward()
-    opt.step()
-    return {"step": 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "rng": [ckpt.rng_state(torch.device("cpu"))]}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = torch.randn(256, 1024), torch.randint(0, 10, (256,))
+
+    def step() -> None:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    step()
+    return model, opt, step
 
 
 def checkpoint(a: dict) -> dict:
     import torch
 
     from training_runtime.checkpoint import full as ckpt
+    from training_runtime.checkpoint.staging import copy_to_cpu
 
-    state = _train_state(a["hidden"], a["layers"])
+    model, opt, train_step = _train_setup(a["hidden"], a["layers"])
+
+    def live_state(step: int) -> dict:  # what the trainer hands the writer: the live tensors
+        return {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "rng": [ckpt.rng_state(torch.device("cpu"))]}
+
+    state = live_state(1)
     buf = io.BytesIO()
     torch.save(state, buf)
     nbytes = len(buf.getvalue())
@@ -239,14 +251,17 @@ def checkpoint(a: dict) -> dict:
     root = Path(a["dir"])
     root.mkdir(parents=True, exist_ok=True)
     times: dict[str, list[float]] = {k: [] for k in (
-        "torch_save", "torch_save_fsync", "sync_durable", "sync_stall", "async_stall")}
+        "torch_save", "torch_save_fsync", "sync_durable", "sync_stall", "async_copy_stall", "train_step",
+        "async_step", "async_stall", "async_wait")}
     # one writer per mode for the whole run, as the trainer keeps one: the async writer's host
     # staging copy is allocated by its first save and reused by the later ones
     writers = {"sync_writer": ckpt.CheckpointWriter(str(root / "sync_writer"), keep_last=1, async_save=False),
+               "async_copy": ckpt.CheckpointWriter(str(root / "async_copy"), keep_last=1, async_save=True),
                "async": ckpt.CheckpointWriter(str(root / "async"), keep_last=1, async_save=True)}
-    order = ["torch_save", "torch_save_fsync", "sync_durable", "sync_writer", "async"]
+    order = ["torch_save", "torch_save_fsync", "sync_durable", "sync_writer", "async_copy", "train_step", "async"]
+    async_saved = sync_saved = None
     for rep in range(a["reps"]):
-        state["step"] = rep
+        state = live_state(rep)
         for what in order[rep % len(order):] + order[:rep % len(order)]:
             t = time.perf_counter()
             if what == "torch_save":
@@ -264,23 +279,46 @@ def checkpoint(a: dict) -> dict:
             elif what == "sync_durable":  # published and fsynced before it returns
                 ckpt.write_checkpoint(root / "sync", rep, state, durable=True)
                 times[what].append(time.perf_counter() - t)
+                sync_saved = copy_to_cpu(state)
+            elif what == "train_step":  # the step alone, for the async save's stall inside one
+                train_step()
+                times[what].append(time.perf_counter() - t)
+                state = live_state(rep)
+            elif what == "async":
+                # the trainer's async save: the writer is told the optimizer, copies the parameters
+                # and moments beside the next forward and backward, and that step's optimizer step
+                # waits for the copy; the stall is the save plus the step, less the step alone
+                w = writers[what]
+                expected = copy_to_cpu(state)  # to check the checkpoint against, outside the timing
+                t = time.perf_counter()
+                w.save(rep, state, opt)
+                saved_s = time.perf_counter() - t
+                train_step()
+                times["async_step"].append(time.perf_counter() - t)
+                waited = w.take_deferred_wait_s()
+                times["async_wait"].append(waited)
+                times["async_stall"].append(saved_s + waited)  # training's wait, as the trainer counts it
+                w.wait()
+                async_saved = expected
+                state = live_state(rep)
             else:
-                # what Trainer._save does on rank 0 once the state dicts are gathered: the state
-                # as it is (the async writer stages its own host copy), then training goes on;
-                # the sync writer returns once the checkpoint is published (fsync and pruning
-                # go on in the background, and wait() below is outside the timing)
+                # the sync writer returns once the checkpoint is published (fsync and pruning go on
+                # in the background, and wait() below is outside the timing); async_copy is the
+                # async writer without the optimizer: the whole copy made inside the save
                 w = writers[what]
                 w.save(rep, state)
-                times["async_stall" if what == "async" else "sync_stall"].append(time.perf_counter() - t)
+                times["async_copy_stall" if what == "async_copy" else "sync_stall"].append(time.perf_counter() - t)
                 w.wait()
 
-    def holds_state(directory: Path) -> bool:  # the newest checkpoint verifies, loads, holds the same tensors
+    def holds(directory: Path, expected: dict) -> bool:  # the newest checkpoint verifies, loads, holds these tensors
         found = ckpt.find_latest_valid(directory)
-        return (found is not None and found[1]["step"] == state["step"]
-                and all(torch.equal(found[1]["model"][k], v) for k, v in state["model"].items()))
+        return (found is not None and found[1]["step"] == expected["step"]
+                and all(torch.equal(found[1]["model"][k], v) for k, v in expected["model"].items())
+                and all(torch.equal(found[1]["optimizer"]["state"][i][k], v)
+                        for i, st in expected["optimizer"]["state"].items() for k, v in st.items()))
 
-    return {"state_bytes": nbytes, "times": times, "checkpoint_loads": holds_state(root / "sync"),
-            "async_checkpoint_loads": holds_state(root / "async")}
+    return {"state_bytes": nbytes, "times": times, "checkpoint_loads": sync_saved is not None and holds(root / "sync", sync_saved),
+            "async_checkpoint_loads": async_saved is not None and holds(root / "async", async_saved)}
 
 
 # ---------------------------------------------------------------- loading (growth)

@@ -131,9 +131,10 @@ class CheckpointConfig:
     every_steps: int = _doc("Save every N optimizer steps (and always at the end).", default=50)
     keep_last: int = _doc("Number of newest checkpoints kept.", default=3)
     async_save: bool = _doc(
-        "Copy state to host memory synchronously, write it in a background thread (without it, "
-        "training waits until the checkpoint is published; its fsync runs in the background). Full format "
-        "only.", default=False
+        "Copy state to host memory and write it in a background thread: buffers and the rest during the "
+        "save, parameters and optimizer state beside the next forward and backward, the optimizer's next "
+        "step waiting for that copy (without it, training waits until the checkpoint is published; its "
+        "fsync runs in the background). Full format only.", default=False
     )
     format: str = _doc(
         "'full': rank 0 writes the whole model and optimizer state as one file (every rank reads it back "

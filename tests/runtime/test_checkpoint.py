@@ -3,12 +3,14 @@ import logging
 import os
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from training_runtime.checkpoint import full as ckpt
+from training_runtime.checkpoint.staging import copy_to_cpu
 
 
 def _state(step: int) -> dict:
@@ -144,7 +146,7 @@ def test_crash_before_rename_leaves_previous_checkpoints_intact(tmp_path, monkey
 def test_async_writer_saves_the_copy_taken_at_save_time(tmp_path):
     writer = ckpt.CheckpointWriter(str(tmp_path), keep_last=3, async_save=True)
     live = {"w": torch.zeros(1000)}
-    writer.save(1, ckpt.copy_to_cpu({"step": 1, "model": live}))
+    writer.save(1, copy_to_cpu({"step": 1, "model": live}))
     live["w"].add_(1.0)  # training goes on mutating the parameters
     writer.wait()
     saved = ckpt.load_state(tmp_path / "step_000000001")
@@ -192,3 +194,79 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path):
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="lies outside the checkpoint directory"):
         ckpt.verify_checkpoint(path)
+
+
+class _Counted(torch.nn.Module):
+    """A linear layer with a buffer its forward updates in place, as batch norm's statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64)
+        self.register_buffer("seen", torch.zeros(64))
+
+    def forward(self, x):
+        self.seen.add_(1.0)
+        return self.lin(x)
+
+
+def _slow_copies(monkeypatch, delay_s=0.3):
+    """The deferred copies start only after ``delay_s``: training that does not wait for them
+    changes the tensors first."""
+    from training_runtime.checkpoint import staging
+
+    run = staging.DeferredCopy.run
+
+    def slow(self):
+        time.sleep(delay_s)
+        run(self)
+
+    monkeypatch.setattr(staging.DeferredCopy, "run", slow)
+
+
+def _train_step(model, opt):
+    model(torch.randn(8, 64)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_async_save_with_the_optimizer_holds_the_state_of_save_time_while_training_goes_on(tmp_path, monkeypatch):
+    _slow_copies(monkeypatch)
+    torch.manual_seed(0)
+    model = _Counted()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    _train_step(model, opt)
+    expected = copy_to_cpu({"model": model.state_dict(), "optimizer": opt.state_dict()})
+    writer = ckpt.CheckpointWriter(str(tmp_path), keep_last=1, async_save=True)
+    writer.save(1, {"step": 1, "model": model.state_dict(), "optimizer": opt.state_dict()}, opt)
+    t0 = time.perf_counter()
+    _train_step(model, opt)  # the forward changes the buffer at once, the step the parameters and moments
+    assert time.perf_counter() - t0 >= 0.2  # the step waited for the deferred copy
+    assert writer.take_deferred_wait_s() >= 0.2
+    writer.wait()
+    saved = ckpt.load_state(tmp_path / "step_000000001")
+    for k, v in expected["model"].items():
+        assert torch.equal(saved["model"][k], v), k
+    for i, s in expected["optimizer"]["state"].items():
+        for k, v in s.items():
+            assert torch.equal(saved["optimizer"]["state"][i][k], v), (i, k)
+    assert not torch.equal(saved["model"]["lin.weight"], model.lin.weight.detach())  # training did go on
+
+
+def test_a_failed_deferred_copy_fails_the_checkpoint_without_holding_training(tmp_path, monkeypatch):
+    from training_runtime.checkpoint import staging
+
+    def broken(self):
+        try:
+            raise OSError("host memory gone")
+        finally:
+            self.done.set()
+
+    monkeypatch.setattr(staging.DeferredCopy, "run", broken)
+    model = _Counted()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = ckpt.CheckpointWriter(str(tmp_path), keep_last=1, async_save=True)
+    writer.save(1, {"step": 1, "model": model.state_dict()}, opt)
+    _train_step(model, opt)  # does not hang on the fence
+    with pytest.raises(RuntimeError, match="writing a checkpoint.*host memory gone"):
+        writer.wait()
+    assert ckpt.find_latest_valid(tmp_path) is None

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from training_runtime.checkpoint.full import copy_to_cpu
+from training_runtime.checkpoint.staging import copy_to_cpu
 from training_runtime.distributed.fsdp import full_model_state, full_optimizer_state, load_full_state, wrap_model
 from training_runtime.models.builtin import build_model
 

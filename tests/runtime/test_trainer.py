@@ -136,11 +136,20 @@ def test_entry_point_rejects_config_before_training(problem, tmp_path, monkeypat
     assert not (root / "entry").exists()
 
 
-def test_resume_from_an_async_checkpoint_reproduces_the_run(problem, world_of_one):
+def test_resume_from_an_async_checkpoint_reproduces_the_run(problem, world_of_one, monkeypatch):
+    """The async writer copies parameters and moments beside the next forward and backward; with
+    that copy held back, the optimizer step must wait for it, or checkpoint 4 would hold step 5's
+    weights and the resumed run would differ. The wait counts as checkpoint stall."""
     import shutil
+    import time
 
+    from training_runtime.checkpoint import staging
+
+    run = staging.DeferredCopy.run
+    monkeypatch.setattr(staging.DeferredCopy, "run", lambda self: (time.sleep(0.25), run(self)))
     cfg, m1, w1 = _run(problem, world_of_one, "async_resume", max_steps=6, num_workers=2,
                        checkpoint={"async_save": True})
+    assert m1["checkpoint_stall_s_total"] >= 0.2  # at least step 5 waited for checkpoint 4's copy
     shutil.rmtree(f"{cfg.checkpoint.dir}/step_000000006")  # as if the last write never finished
     m2 = Trainer(cfg, world_of_one).run()
     assert m2["resumed_from_step"] == 4 and m2["steps_this_attempt"] == 2

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from training_runtime.atomic_files import atomic_output, atomic_write_bytes, fsync_path, replace_durably
+from training_runtime.checkpoint.staging import DeferredCopy, copy_into, optimizer_storages
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,6 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def copy_to_cpu(obj: Any) -> Any:
-    """Deep copy with every tensor cloned into host memory, so training may go on mutating the
-    originals while a background thread writes the copy."""
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
-    if isinstance(obj, dict):
-        return {k: copy_to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(copy_to_cpu(v) for v in obj)
-    return obj
 
 
 # ---------------------------------------------------------------- on-disk checkpoints
@@ -187,23 +175,6 @@ class _HashingWriter:
         else:
             os.close(self._fd)
         self.f.close()
-
-
-def copy_into(staging: Any, obj: Any) -> Any:
-    """``copy_to_cpu(obj)`` that reuses the tensors of ``staging`` (an earlier result for the same
-    structure) where shape and dtype match, so repeated saves do not allocate and first-touch new
-    host memory inside the training stall."""
-    if isinstance(obj, torch.Tensor):
-        if isinstance(staging, torch.Tensor) and staging.shape == obj.shape and staging.dtype == obj.dtype:
-            return staging.copy_(obj.detach())
-        return copy_to_cpu(obj)
-    if isinstance(obj, dict):
-        s = staging if isinstance(staging, dict) else {}
-        return {k: copy_into(s.get(k), v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        s = staging if isinstance(staging, (list, tuple)) and len(staging) == len(obj) else [None] * len(obj)
-        return type(obj)(copy_into(a, b) for a, b in zip(s, obj))
-    return obj
 
 
 def save_hashed(path: Path, obj: Any) -> dict[str, Any]:
@@ -398,9 +369,12 @@ class CheckpointWriter:
     the sha256's, not the write's: hashing 72 MB takes 0.043 s here, ``torch.save`` of it
     0.033 s; the hash starts once the write is done, so the write has the cores to itself.) In
     async mode ``save`` instead copies the state into a host staging copy, reused
-    from save to save, and the background thread also writes it. A save first waits for the
-    previous one's background work, and ``wait`` for the last one's; errors surface on the next
-    call."""
+    from save to save, and the background thread also writes it. Given the ``optimizer``, the
+    tensors only its step writes (parameters, moments) are copied by that thread while training
+    goes on, and the optimizer's next step waits for them (``staging.DeferredCopy``); the stall
+    is then the rest of the copy plus whatever of it the next forward and backward did not
+    hide (``take_deferred_wait_s``). A save first waits for the previous one's background work,
+    and ``wait`` for the last one's; errors surface on the next call."""
 
     def __init__(self, root: str, keep_last: int, async_save: bool,
                  before_publish: Callable[[int], None] | None = None):
@@ -411,6 +385,8 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._staging: Any = None
+        self._deferred: DeferredCopy | None = None
+        self._deferred_wait_s = 0.0
 
     def _publish(self, step: int, state: dict[str, Any]) -> Path:
         return write_checkpoint(self.root, step, state, self.before_publish, durable=False)
@@ -423,12 +399,19 @@ class CheckpointWriter:
             raise
         prune(self.root, self.keep_last)
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
+    def save(self, step: int, state: dict[str, Any], optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Checkpoint ``state`` as ``step``. ``optimizer``: the one whose step changes the state's
+        parameters and optimizer state (async mode copies those beside training; see above)."""
         self.wait()
         if self.async_save:
-            staged = self._staging = copy_into(self._staging, state)
+            pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+            owned = optimizer_storages(optimizer) if optimizer is not None else frozenset()
+            staged = self._staging = copy_into(self._staging, state, owned, pairs)
+            deferred = self._deferred = DeferredCopy(pairs, optimizer) if pairs else None
 
             def work() -> None:
+                if deferred is not None:
+                    deferred.run()
                 self._settle(self._publish(step, staged))
         else:
             try:
@@ -450,10 +433,24 @@ class CheckpointWriter:
 
     def wait(self) -> None:
         """Until the last save is published, on disk and older checkpoints pruned."""
+        if self._deferred is not None:
+            self._deferred.wait()
+            self._deferred_wait_s += self._deferred.waited_s
+            self._deferred = None
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         self._raise()
+
+    def take_deferred_wait_s(self) -> float:
+        """Seconds training has waited for deferred copies since the last call: the optimizer
+        step that waited counts them as step time, the run's figures as checkpoint stall."""
+        d = self._deferred
+        waited = self._deferred_wait_s + (d.waited_s if d is not None else 0.0)
+        self._deferred_wait_s = 0.0
+        if d is not None:
+            d.waited_s = 0.0
+        return waited
 
     def _raise(self) -> None:
         if self._error is not None:

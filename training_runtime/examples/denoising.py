@@ -71,7 +71,7 @@ def train(ctx):
             stop = ctx.should_stop()  # preempted (SIGTERM): checkpoint, then return
             if step % ctx.config.checkpoint.every_steps == 0 or step == ctx.total_steps or stop:
                 ctx.save_checkpoint(step, {"model": ctx.full_state(model), "optimizer": ctx.full_optimizer_state(model, opt),
-                                           "noise": ctx.gather(noise.get_state())})
+                                           "noise": ctx.gather(noise.get_state())}, opt)
             if stop:
                 return
             if step == ctx.total_steps:

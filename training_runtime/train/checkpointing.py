@@ -39,7 +39,7 @@ class TrainerCheckpoints:
             return
         model_sd = ctx.full_state(self.model)
         optim_sd = full_optimizer_state(self.model, self.optimizer, self.cfg.train.sharding)
-        ctx.save_checkpoint(step, {**own, "model": model_sd, "optimizer": optim_sd})
+        ctx.save_checkpoint(step, {**own, "model": model_sd, "optimizer": optim_sd}, self.optimizer)
 
     def _save_sharded(self, step: int, own: dict[str, Any]) -> None:
         """Collective: every rank writes its own shards; rank 0 adds the trainer's state with the

@@ -288,15 +288,19 @@ class TrainingContext:
                                   device=self.device, bf16=self.config.train.precision == "bf16")
 
     # ------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, step: int, state: dict[str, Any]) -> None:
+    def save_checkpoint(self, step: int, state: dict[str, Any],
+                        optimizer: torch.optim.Optimizer | None = None) -> None:
         """Collective. Rank 0 publishes ``state`` (plus the step, every rank's RNG states and the
-        config) as checkpoint ``step``; the fsync and pruning finish in the background."""
+        config) as checkpoint ``step``; the fsync and pruning finish in the background. With
+        ``checkpoint.async_save``, naming the ``optimizer`` lets the copy of the parameters and
+        optimizer state run beside the next forward and backward: that optimizer's next step
+        waits for it (those tensors must change only in its step)."""
         with self.guards.paused():
             rngs = all_gather_object(ckpt.rng_state(self.device))
             if self.is_main:
                 full = {**state, "step": step, "world_size": self.world_size, "rng": rngs,
                         "config": self.config.to_dict()}
-                self.writer.save(step, full)
+                self.writer.save(step, full, optimizer)
             if not self.config.checkpoint.async_save:
                 # The others wait for rank 0's write here, under the I/O timeout, rather than in the
                 # next step's gradient all-reduce under the collective one.

@@ -103,7 +103,10 @@ class Trainer:
                 ctx.guards.beat(step)
                 attempt_steps += 1
                 now = time.perf_counter()
-                iv.add(now - t_prev, batches.wait_s - seen_wait, ctx.local_batch_size * ctx.world_size)
+                # an async save's copy the optimizer step waited for is the save's stall, not the step's
+                ckpt_wait = ctx.writer.take_deferred_wait_s()
+                figures.totals.checkpoint_stall_s += ckpt_wait
+                iv.add(now - t_prev - ckpt_wait, batches.wait_s - seen_wait, ctx.local_batch_size * ctx.world_size)
                 t_prev, seen_wait = now, batches.wait_s
                 if ctx.fault:
                     ctx.fault.after_step(ctx.rank, step, ctx.restart_count)
