@@ -62,13 +62,17 @@ def _require(ok: bool, status: int, message: str) -> None:
 
 @dataclass(frozen=True)
 class Entry:
-    """An object version. Equality is lakeFS's value identity: a re-upload of the same bytes
-    is a new physical address, so it is a change (pkg/graveler/committed/merge.go)."""
+    """An object version. Equality is lakeFS's value identity (pkg/catalog/entry.go
+    EntryToValue): size, ETag, user metadata and content type, and nothing else. The physical
+    address and mtime are not part of it, so the same bytes uploaded again (a new address, a new
+    mtime) are no change: the uncommitted diff skips them (graveler/uncommitted_diff_iterator.go),
+    a commit keeps the committed record and answers "no changes" (committed/commit.go), and a
+    merge takes either side without a conflict (committed/merge.go)."""
 
-    address: str
+    address: str = field(compare=False)
     checksum: str  # MD5 hex, the ETag lakeFS's local blockstore returns
     size: int
-    mtime: int
+    mtime: int = field(compare=False)
     content_type: str
     metadata: tuple[tuple[str, str], ...] = ()
 
@@ -110,7 +114,10 @@ class Repository:
 
 def meta_range_id(tree: Tree) -> str:
     """A content address of the tree. Only the first commit has none (""): an emptied tree is
-    written as a meta range of its own, so merging it is not "no changes" (committed/manager.go)."""
+    written as a meta range of its own, so merging it is not "no changes" (committed/manager.go).
+    lakeFS's ranges hold each record's data, physical address and mtime included, so those are
+    hashed too; commits and merges keep the committed record of an unchanged object, so an
+    unchanged tree keeps its id."""
     h = hashlib.sha256()
     for path in sorted(tree):
         e = tree[path]
@@ -319,10 +326,13 @@ class LakeFSModel:
 
     def commit(self, repo: Repository, name: str, committer: str, message: str, metadata: dict[str, str],
                allow_empty: bool) -> Commit:
-        """pkg/graveler/graveler.go Commit: "no changes" unless allow_empty."""
+        """pkg/graveler/graveler.go Commit: "no changes" unless allow_empty. A staged object of
+        the same identity as the committed one (the same bytes uploaded again) leaves the
+        committed record, its address and mtime, in the tree (committed/commit.go applyNextKey)."""
         branch = self.branch(repo, name)
         parent = repo.commits[branch.head]
-        tree = self.view(repo, name)
+        tree = {path: parent.tree[path] if parent.tree.get(path) == entry else entry
+                for path, entry in self.view(repo, name).items()}
         _require(tree != parent.tree or allow_empty, 400, "commit: no changes")
         commit = self._add_commit(repo, (parent.id,), committer, message, metadata, tree, parent.generation + 1)
         branch.head, branch.staging = commit.id, {}
@@ -377,11 +387,16 @@ class LakeFSModel:
     @staticmethod
     def three_way(dest: Tree, source: Tree, base: Tree, strategy: str) -> tuple[Tree, list[str]]:
         """pkg/graveler/committed/merge.go: take each side's change; both changed differently is a
-        conflict, unless a strategy picks a side."""
+        conflict, unless a strategy picks a side. Sides compare by identity (Entry's equality):
+        both sides holding the same identity write the source's record (merger.handleBothKeys)."""
         merged, conflicts = dict(dest), []
         for path in sorted(set(dest) | set(source) | set(base)):
             d, s, b = dest.get(path), source.get(path), base.get(path)
-            if d == s or s == b:
+            if d == s:
+                if s is not None:
+                    merged[path] = s
+                continue
+            if s == b:
                 continue
             if d == b or strategy == "source-wins":
                 if s is None:

@@ -42,6 +42,7 @@ from tests.support.lakefs_model import (
 )
 
 MAX_PER_PAGE, DEFAULT_PER_PAGE = 1000, 100  # pkg/api/controller.go DefaultMaxPerPage, DefaultPerPage
+MIN_AMOUNT = -1  # api/swagger.yml PaginationAmount minimum
 METADATA_HEADER = "x-lakefs-meta-"  # pkg/api/apiutil/constant.go LakeFSHeaderMetadataPrefix
 SPOOL_BYTES = 1 << 20
 # What GET /config says about the one blockstore (pkg/block/local/adapter.go GetStorageNamespaceInfo).
@@ -52,15 +53,23 @@ STORAGE_CONFIG = {
     "import_validity_regex": NAMESPACE_REGEX.pattern, "pre_sign_multipart_upload": False,
     "blockstore_id": "", "blockstore_description": "",
 }
+# The username of the one user behind the server's access key (GET /user; core/identity.py reads it).
+TEST_USER_ID = "model-factory-tester"
 
 
 class LakeFSTestServer:
     def __init__(self, root: Path, access_key_id: str = "AKIATESTSERVER",
-                 secret_access_key: str = "test-secret-key", stall_s: float = 30.0):
+                 secret_access_key: str = "test-secret-key", stall_s: float = 30.0,
+                 user_id: str = "", user_email: str | None = None,
+                 user_friendly_name: str | None = "model-factory tests"):
         self.root = Path(root)
         self.stall_s = stall_s
         self.access_key_id = access_key_id
         self.secret_access_key = secret_access_key
+        # The one user the access key belongs to (GET /user, and the committer of every commit).
+        self.user_id = user_id or TEST_USER_ID
+        self.user_email = user_email
+        self.user_friendly_name = user_friendly_name
         self.model = LakeFSModel(self.root / "blobs")
         self._server: ThreadingHTTPServer | None = None
         self.proxy: FaultProxy | None = None
@@ -268,12 +277,19 @@ class _Handler(BaseHTTPRequestHandler):
         return spec
 
     def _amount(self, query: dict[str, str]) -> int:
-        """pkg/api/controller.go paginationAmount."""
+        """api/swagger.yml PaginationAmount (integer, minimum -1, maximum 1000), which lakeFS's
+        request validator (pkg/api/serve.go, kin-openapi) enforces with a 400 before any handler
+        runs; then pkg/api/controller.go paginationAmount (0 and -1 mean the default)."""
         text = query.get("amount") or str(DEFAULT_PER_PAGE)
+        refused = 'parameter "amount" in query has an error: '
         if not re.fullmatch(r"-?\d+", text):
-            raise LakeFSError(400, f"invalid amount {text!r}")
+            raise LakeFSError(400, f"{refused}value {text}: an invalid integer: invalid syntax")
         amount = int(text)
-        return MAX_PER_PAGE if amount > MAX_PER_PAGE else DEFAULT_PER_PAGE if amount <= 0 else amount
+        if amount > MAX_PER_PAGE:
+            raise LakeFSError(400, f"{refused}number must be at most {MAX_PER_PAGE}")
+        if amount < MIN_AMOUNT:
+            raise LakeFSError(400, f"{refused}number must be at least {MIN_AMOUNT}")
+        return DEFAULT_PER_PAGE if amount <= 0 else amount
 
     @staticmethod
     def _flag(query: dict[str, str], name: str) -> bool:
@@ -281,7 +297,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def committer(self) -> str:
-        return self.server_state.access_key_id
+        """What lakeFS records as a commit's committer: the authenticated user's email, or its
+        username when it has none (pkg/auth/model/model.go User.Committer), never the key id."""
+        state = self.server_state
+        return state.user_email or state.user_id
+
+    def current_user(self, query, body):
+        """GET /user (pkg/api/controller.go GetCurrentUser): the user the request's key belongs
+        to; this server has one key, so one user. ``friendly_name`` falls back to the username."""
+        state = self.server_state
+        user = {"id": state.user_id, "creation_date": 0, "friendly_name": state.user_friendly_name or state.user_id}
+        if state.user_email:
+            user["email"] = state.user_email
+        self._json(200, {"user": user})
 
     # --- config -----------------------------------------------------------------------------
     def get_config(self, query, body):
@@ -610,20 +638,8 @@ ROUTES = [
         ("POST", rf"{_REPO}/tags", _Handler.create_tag),
         ("GET", rf"{_REPO}/tags/{_SEG}", _Handler.get_tag),
         ("DELETE", rf"{_REPO}/tags/{_SEG}", _Handler.delete_tag),
+        ("GET", r"/user", _Handler.current_user),
     ]
 ]
 STREAMING = {_Handler.upload_object, _Handler.get_object, _Handler.head_object}
 
-
-# --- the current user (GET /api/v1/user) --------------------------------------------------------------
-# Kept apart from the routes above on purpose (added for the audit trail's verified identity,
-# core/identity.py): lakeFS answers with the user the request's access key belongs to. This server
-# has one key, so one user.
-TEST_USER_ID = "model-factory-tester"
-
-
-def current_user(handler: _Handler, *, query: dict, body) -> None:
-    handler._json(200, {"user": {"id": TEST_USER_ID, "creation_date": 0, "friendly_name": "model-factory tests"}})
-
-
-ROUTES.append(("GET", re.compile(r"/user"), current_user))
