@@ -19,7 +19,7 @@ from core.placement import Placement, placement_problems
 # The guards' settings are the runtime's own (one set of fields, defaults, descriptions and rules);
 # training_runtime.config is torch-free.
 from training_runtime.config import GuardsConfig as Guards
-from training_runtime.config import guard_problems
+from training_runtime.config import fsdp_problems, guard_problems
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _LOCATION = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")  # Dagster code location names
@@ -607,6 +607,10 @@ class PipelineSpec:
                 _fail(n, f"recipe.{fname}", f"{value!r}: must be a positive number" +
                       (" (or None)" if fname == "grad_clip_norm" else " of seconds"))
         self._check_guards(n)
+        for fname, problem in fsdp_problems(sharding=r.sharding, fsdp_units=r.fsdp_units, section="recipe",
+                                            fsdp_unit_params=r.fsdp_unit_params,
+                                            activation_checkpointing=r.activation_checkpointing):
+            _fail(n, f"recipe.{fname}", problem)
         if (r.augment_padding or r.augment_hflip) and not isinstance(self.source, ImageFolder) and self.dataset is None:
             _fail(n, "recipe.augment_padding" if r.augment_padding else "recipe.augment_hflip",
                   "augments images; this pipeline's data is not an image folder")

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +96,8 @@ class TrainConfig:
         "many parameters each (None: a sixteenth of the model's, at least 2**20).", default=None)
     activation_checkpointing: bool = _doc(
         "Recompute each FSDP unit's forward in the backward pass instead of keeping its activations "
-        "(less memory, about one more forward of compute; under DDP too, for the same units).", default=False)
+        "(less memory, about one more forward of compute). FSDP/HSDP only, as are fsdp_units and "
+        "fsdp_unit_params: under DDP they are refused.", default=False)
     precision: str = _doc(
         "'fp32' or 'bf16'. DDP: bf16 autocast. FSDP/HSDP: bf16 parameters in compute and fp32 gradient "
         "reductions (MixedPrecisionPolicy), fp32 master weights in the optimizer.", default="fp32")
@@ -348,6 +350,10 @@ class RunConfig:
         if t.fsdp_unit_params is not None and t.fsdp_unit_params < 1:
             raise ConfigError(f"train.fsdp_unit_params must be a positive number of parameters or null, got "
                               f"{t.fsdp_unit_params}")
+        for name, problem in fsdp_problems(sharding=t.sharding, fsdp_units=t.fsdp_units,
+                                           fsdp_unit_params=t.fsdp_unit_params,
+                                           activation_checkpointing=t.activation_checkpointing):
+            raise ConfigError(f"train.{name} {problem}")
         if t.grad_clip_norm is not None and not (t.grad_clip_norm > 0 and math.isfinite(t.grad_clip_norm)):
             raise ConfigError(f"train.grad_clip_norm must be a positive finite number or null, got {t.grad_clip_norm}")
         for name in ("collective_timeout_s", "io_timeout_s"):
@@ -506,6 +512,36 @@ class RunConfig:
 
 
 # -------------------------------------------------------------------- helpers
+def fsdp_problems(*, sharding: str, fsdp_units: Any, fsdp_unit_params: Any, activation_checkpointing: Any,
+                  section: str = "train") -> list[tuple[str, str]]:
+    """(field, problem) for FSDP settings that cannot apply; empty when all can. Shared by
+    ``RunConfig.validate`` and the pipeline's check when definitions load or an override is
+    applied (core/spec.py, ``section`` 'recipe'), so a user reads it before any worker starts.
+    DDP replicates the whole model and has no units: units, unit sizes or recomputation per unit
+    accepted there would let a user believe the model is sharded or recomputed when it is not.
+    Unit names must be class names; whether the model has such classes is known once it is
+    built (``distributed.units.fsdp_units``, which names the classes it does have)."""
+    problems: list[tuple[str, str]] = []
+    if sharding not in ("fsdp", "hsdp"):
+        fix = (f"set {section}.sharding to 'fsdp' (a pipeline's recipe={{'sharding': 'fsdp'}}, one run's "
+               f"--set train.sharding=fsdp) or remove {section}.")
+        given = {"fsdp_units": (fsdp_units, None), "fsdp_unit_params": (fsdp_unit_params, None),
+                 "activation_checkpointing": (activation_checkpointing, False)}
+        for name, (value, unset) in given.items():
+            if value != unset:
+                problems.append((name, f"is {value!r}, but {section}.sharding is {sharding!r}: it applies to FSDP "
+                                       f"units, and DDP replicates the whole model on every rank and has none; "
+                                       f"{fix}{name}"))
+    if fsdp_units is not None:
+        names = [n.strip() for n in str(fsdp_units).split(",") if n.strip()]  # as units.parse_unit_names reads it
+        bad = [n for n in names if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", n)]
+        if not isinstance(fsdp_units, str) or not names or bad:
+            problems.append(("fsdp_units", f"{fsdp_units!r} must be module class names, comma-separated (e.g. "
+                                           "'GPT2Block' or 'my_team.model.Block'), or None for the default units"
+                                           + (f"; {bad} are not class names" if bad else "")))
+    return problems
+
+
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from training_runtime.config import ConfigError
 from training_runtime.distributed.process_group import DistInfo
 from training_runtime.distributed.units import fsdp_units
 
@@ -60,9 +61,9 @@ def wrap_model(model: nn.Module, sharding: str, info: DistInfo, *, precision: st
     chosen = fsdp_units(model, units, unit_params) if is_sharded(sharding) or activation_checkpointing else []
     if activation_checkpointing:
         if not chosen:
-            raise ValueError("train.activation_checkpointing recomputes each FSDP unit's activations, but this "
-                             "model has no units besides the root: name its blocks in train.fsdp_units "
-                             "(recipe.fsdp_units) or lower train.fsdp_unit_params")
+            raise ConfigError("train.activation_checkpointing recomputes each FSDP unit's activations, but this "
+                              "model has no units besides the root: name its blocks in train.fsdp_units "
+                              "(recipe.fsdp_units) or lower train.fsdp_unit_params")
         from torch.distributed._composable import checkpoint
 
         for sub in chosen:

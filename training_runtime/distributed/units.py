@@ -22,11 +22,15 @@ well below a sixteenth of the model for a dozen layers or more.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from torch import nn
 
+from training_runtime.config import ConfigError
 from training_runtime.models.builtin import shardable_submodules
+
+log = logging.getLogger(__name__)
 
 BUILTIN_MODULE = "training_runtime.models.builtin"
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)
@@ -61,13 +65,14 @@ def _by_class_names(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
     found = {n for m in units for n in _class_names(m)}
     missing = sorted(wanted - found)
     if missing:
-        present = sorted({type(m).__name__ for m in model.modules()})
-        raise ValueError(f"train.fsdp_units names {missing}, but no module of the model is of that class; its "
-                         f"module classes are {present}: name the blocks among them (recipe.fsdp_units)")
+        present = sorted({type(m).__name__ for m in model.modules() if m is not model})
+        raise ConfigError(f"train.fsdp_units names {missing}, but no module of the model is of that class; its "
+                          f"module classes are {present}: name the blocks among them (recipe.fsdp_units), or "
+                          "leave it None for the default units")
     shared = [type(m).__name__ for m in units if not _self_contained(model, m)]
     if shared:
-        raise ValueError(f"train.fsdp_units: {shared[0]} shares parameters with modules outside it (tied weights), "
-                         "so it cannot be an FSDP unit of its own; name a class that holds all of its parameters")
+        raise ConfigError(f"train.fsdp_units: {shared[0]} shares parameters with modules outside it (tied weights), "
+                          "so it cannot be an FSDP unit of its own; name a class that holds all of its parameters")
     return units
 
 
@@ -113,3 +118,21 @@ def _post_order(module: nn.Module) -> list[nn.Module]:
         out += _post_order(child)
     out.append(module)
     return out
+
+
+def check_unit_names(build, names: Sequence[str]) -> None:
+    """Raise ConfigError when ``names`` name no class of the model ``build()`` makes, before any
+    data is read or memory taken: the model is built on the meta device (no storage, no
+    initialisation). A factory that cannot build there (one that reads weights from a file, say)
+    is checked when the real model is wrapped instead, by the same ``fsdp_units``."""
+    if not names:
+        return
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = build()
+    except Exception as e:  # not an error of the run: the real build, moments later, checks the names
+        log.info("fsdp_units are checked once the model is built: it does not build on the meta device (%s)", e)
+        return
+    fsdp_units(model, names)

@@ -64,7 +64,7 @@ from training_runtime.distributed.process_group import (
     broadcast_object,
     raise_if_any_failed,
 )
-from training_runtime.distributed.units import parse_unit_names
+from training_runtime.distributed.units import check_unit_names, parse_unit_names
 from training_runtime.observe.attempts import AttemptLog, metrics_attempts, read_attempts
 from training_runtime.observe.telemetry import LogReporter, Reporter
 from training_runtime.tasks.evaluation import evaluate_split
@@ -122,6 +122,8 @@ class TrainingContext:
         self.model_build = config.model_build()
         t = config.train
         config.validate_world_size(dist_info.world_size)
+        if is_sharded(t.sharding):  # unit names the model lacks fail here, before any shard is read
+            check_unit_names(self.model_build.build, parse_unit_names(t.fsdp_units))
         self.num_train_samples = config.data.manifest["splits"]["train"]["num_samples"]
         self.local_batch_size = t.batch_size // dist_info.world_size
         self.steps_per_epoch = steps_per_epoch(self.num_train_samples, dist_info.world_size, t.batch_size)
