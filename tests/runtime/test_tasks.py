@@ -190,7 +190,7 @@ def test_regression_metrics_and_predictions_in_original_units():
     assert res["r2"] == pytest.approx(skm.r2_score(y, pred), rel=1e-5)
     assert res["loss"] == pytest.approx(res["mse"] / 100, rel=1e-5)  # trained in normalised units
     value = task.predict(outputs[:, None])["value"]  # the model's [N, 1] output, as ONNX gives it
-    assert value.shape == (len(y),) and value.dtype == np.float32
+    assert value.shape == (len(y),) and value.dtype == np.float64  # the card's float64 postprocessing
     np.testing.assert_allclose(value, pred, rtol=1e-6)
 
 

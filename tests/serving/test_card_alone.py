@@ -1,11 +1,17 @@
 """A model card is enough to serve from: preprocessing re-implemented from ``model_card.json`` alone
 (numpy, Pillow, and the tokenizers library for a BPE tokenizer.json; nothing of the platform) and
-``model.onnx`` run in onnxruntime give what ``pipelines.serving.predict`` gives, within 1e-5, on
-non-square RGB, RGBA, palette and grayscale images (a JPEG decoded at reduced size and an EXIF-
-rotated one among them), CSV rows, and a text prompt's tokens.
+``model.onnx`` run in onnxruntime give what ``pipelines.serving.predict`` gives, within 1e-5 on the
+model's output scale, on non-square RGB, RGBA, palette and grayscale images (a JPEG decoded at
+reduced size and an EXIF-rotated one among them), CSV rows, and a text prompt's tokens.
 
-The models are untrained (random weights): preprocessing and post-processing are what is
-compared, and a pixel off by one level moves these outputs by about 1e-4."""
+The output scale: probabilities as they are; a regression's values in target units, where the
+model's output (in normalised units) is multiplied by the target's std, and so is the float32
+difference between onnxruntime's and PyTorch's arithmetic (a few 1e-7): 1e-5 * std there.
+
+Most models are untrained (random weights): preprocessing and post-processing are what is
+compared, and a pixel off by one level moves these outputs by about 1e-4. The diabetes model is
+trained, so that its values span the targets' range (25 to 346), where float32 would round them
+by up to 1.5e-5."""
 
 from __future__ import annotations
 
@@ -20,7 +26,13 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-TOLERANCE = 1e-5
+TOLERANCE = 1e-5  # on the model's output scale: times the target's std for a regression in target units
+
+
+def tolerance(card: dict) -> float:
+    """TOLERANCE in the units ``predict`` reports: the card's target std for normalised regression."""
+    norm = card["output"].get("target_normalisation")
+    return TOLERANCE * float(np.max(norm["std"])) if norm else TOLERANCE
 
 
 # --- the re-implementation: the card, numpy, Pillow (and tokenizers) only -------------------------
@@ -211,7 +223,83 @@ def test_csv_rows_from_the_card_alone_agree_with_predict(tmp_path):
     assert card["output"]["kind"] == "regression, normalised targets"
     ours = postprocess(card, run_onnx(folder, table_input(card, rows)))
     theirs = np.array([p["value"] for p in predict(loaded, str(rows))])
-    assert np.max(np.abs(ours - theirs)) <= TOLERANCE, (ours, theirs)
+    assert np.max(np.abs(ours - theirs)) <= tolerance(card), (ours, theirs)
+
+
+def diabetes_table() -> tuple[dict, np.ndarray, np.ndarray]:
+    """(manifest, features, targets) of scikit-learn's bundled diabetes data, normalised as the
+    shards normalise it (float64 statistics of the rows, features and targets alike)."""
+    from pipelines.models.diabetes import FEATURES, TARGET, load_diabetes_frame
+
+    frame = load_diabetes_frame()
+    x, y = frame[list(FEATURES)].to_numpy(np.float64), frame[TARGET].to_numpy(np.float64)
+    manifest = {"format": "model-factory.shards/v2", "kind": "table", "task": "regression",
+                "feature_columns": list(FEATURES), "target_names": [TARGET],
+                "columns": [{"name": "features", "kind": "ndarray", "role": "input", "dtype": "float32",
+                             "shape": [len(FEATURES)]},
+                            {"name": "target", "kind": "ndarray", "role": "target", "dtype": "float32", "shape": []}],
+                "normalisation": {"mean": x.mean(0).tolist(), "std": x.std(0).tolist()},
+                "target_normalisation": {"mean": float(y.mean()), "std": float(y.std())}}
+    return manifest, x, y
+
+
+def fitted_diabetes_folder(folder: Path) -> Path:
+    """The diabetes MLP of pipelines/models/diabetes.py (hidden 32), fitted in this process on all
+    rows until its values span the targets' range, saved with its card and exported to ONNX."""
+    import tests.runtime.test_model_card as model_card
+
+    manifest, x, y = diabetes_table()
+    fresh = model_card.trained_card
+
+    def fitted(*args, **kwargs):
+        model, card, info = fresh(*args, **kwargs)
+        norm, target = manifest["normalisation"], manifest["target_normalisation"]
+        xs = torch.tensor((x - norm["mean"]) / np.asarray(norm["std"]), dtype=torch.float32)
+        ys = torch.tensor((y - target["mean"]) / target["std"], dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.003, weight_decay=0.01)
+        model.train()
+        for _ in range(400):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(xs).squeeze(1), ys).backward()
+            optimizer.step()
+        return model.eval(), card, info
+
+    model_card.trained_card = fitted
+    try:
+        return model_folder(folder, "mlp", manifest, {"hidden_sizes": [32]})
+    finally:
+        model_card.trained_card = fresh
+
+
+def assert_diabetes_rows_agree(folder: Path, rows: Path) -> None:
+    """Every row: predict's values are the card's float64 postprocessing of the PyTorch model's
+    output, exactly; and a server that has only the card and model.onnx is within tolerance."""
+    from pipelines.serving import predict
+    from training_runtime.serve.card import load_model
+
+    card, loaded = card_of(folder), load_model(folder)
+    assert "float64" in card["output"]["postprocessing"]
+    x = table_input(card, rows)
+    served = predict(loaded, str(rows))
+    assert len(served) == len(x) == 442
+    theirs = np.array([p["value"] for p in served])
+    with torch.no_grad():
+        own = loaded.model(torch.from_numpy(x)).numpy()
+    # What the card says predict does, done here with numpy: no float32 rounding on the way out.
+    np.testing.assert_array_equal(theirs, postprocess(card, own))
+    assert theirs.max() - theirs.min() > 150, "the model's values should span the targets' range"
+    ours = postprocess(card, run_onnx(folder, x))
+    worst = np.abs(ours - theirs)
+    assert worst.max() <= tolerance(card), (int((worst > tolerance(card)).sum()), float(worst.max()))
+
+
+def test_every_diabetes_row_from_the_card_alone_agrees_with_predict(tmp_path):
+    from pipelines.models.diabetes import load_diabetes_frame
+
+    folder = fitted_diabetes_folder(tmp_path / "m")
+    rows = tmp_path / "patients.csv"
+    load_diabetes_frame().to_csv(rows, index=False)  # every column of the source, the id and target among them
+    assert_diabetes_rows_agree(folder, rows)
 
 
 def text_manifest(task: str, seq: int, tokenizer: dict) -> dict:
