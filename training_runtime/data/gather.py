@@ -79,12 +79,32 @@ class ColumnRows:
     views of the memory maps (np.memmap's subclass hooks cost on every call). Columns of large
     samples also keep a tensor view of each shard for ``torch.index_select``, which copies with
     torch's intra-op threads (``torch.get_num_threads()``; the launcher sets OMP_NUM_THREADS per
-    rank). Both copies release the GIL, so the loader's threads gather side by side."""
+    rank). Both copies release the GIL, so the loader's threads gather side by side.
 
-    def __init__(self, arrays: list[np.ndarray]):
-        self.arrays = arrays
-        self.sample_bytes = int(np.prod(arrays[0].shape[1:])) * arrays[0].itemsize if arrays else 0
-        self.tensors = _read_only_tensors(arrays) if self.sample_bytes >= LARGE_SAMPLE_BYTES else None
+    A streamed split opens its shards as they are read: a shard not open is None (``put`` and
+    ``drop`` it as the split maps and unmaps it); ``take`` reads only open shards."""
+
+    def __init__(self, arrays: list[np.ndarray | None], sample_bytes: int | None = None):
+        self.arrays = list(arrays)
+        if sample_bytes is None:
+            first = next((a for a in self.arrays if a is not None), None)
+            sample_bytes = int(np.prod(first.shape[1:])) * first.itemsize if first is not None else 0
+        self.sample_bytes = sample_bytes
+        large = self.sample_bytes >= LARGE_SAMPLE_BYTES
+        self.tensors = ([None if a is None else t for a, t in zip(self.arrays, _read_only_tensors(
+            [a if a is not None else np.zeros(0, np.uint8) for a in self.arrays]))] if large else None)
+
+    def put(self, s: int, array: np.ndarray) -> None:
+        """Shard ``s`` is open: ``array`` is its view."""
+        self.arrays[s] = array
+        if self.tensors is not None:
+            self.tensors[s] = _read_only_tensors([array])[0]
+
+    def drop(self, s: int) -> None:
+        """Shard ``s`` is closed: its views go, so its memory map can be unmapped."""
+        self.arrays[s] = None
+        if self.tensors is not None:
+            self.tensors[s] = None
 
     def take(self, plan: RowPlan, out: np.ndarray) -> None:
         """Copy the planned rows into ``out`` (contiguous, the column's dtype and sample shape)."""

@@ -189,6 +189,11 @@ class TypedLoader(BatchPrefetcher):
         super().__init__(self._load, self._deliver, indices, batch_size, start_step, num_workers, prefetch_batches,
                          batches_per_load)
         self.blocks = _block_pool(split)
+        # A streamed split's cache reads ahead in this order and evicts behind it: each batch's
+        # position in the epoch, found again from the batch array a load is handed (the same objects).
+        ahead = self.batches[self.start:]
+        self._positions = {id(b): i for i, b in enumerate(ahead)}
+        self.schedule = split.plan_reads(ahead)
         # at most: per worker, its queue's loads and the one it fills; the consumer's current load and the one before
         per_field = num_workers * (self.queues[0].maxsize + 1) + 2
         self._reserved = 0 if self.pin else per_field * sum(f.is_tensor + (f.augment is not None) for f in self.fields)
@@ -220,11 +225,29 @@ class TypedLoader(BatchPrefetcher):
         outs = {name: t.numpy() for name, t in tensors.items()}
         staging = {f.name: self._staging(f, n) for f in self.fields if f.augment}
         into = {f.name: staging.get(f.name, outs.get(f.name)) for f in self.fields if f.column.kind == "ndarray"}
-        plan = plan_batches(self.split.starts, batches)
-        gathered = self.split.gather_planned(plan, n, [f.name for f in self.fields], out=into,
-                                             views=[f.name for f in self.fields if f.decoder is not None])
-        if self.parts:
-            self._transform(idx, gathered, staging, outs)
+        names = [f.name for f in self.fields]
+        parts = self._cache_parts(batches)
+        if len(parts) == 1:
+            plan = plan_batches(self.split.starts, batches)
+            # The shards stay open (pinned in a streamed split's cache) until decoding has read the views.
+            with self.split.reading([s for s, _, _ in plan.segments]):
+                gathered = self.split.gather_planned(plan, n, names, out=into,
+                                                     views=[f.name for f in self.fields if f.decoder is not None])
+                if self.parts:
+                    self._transform(idx, gathered, staging, outs)
+        else:  # a copy-only load of a streamed split, gathered in parts whose shards fit the cache together
+            gathered, row = {}, 0
+            for part in parts:
+                m = sum(len(b) for b in part)
+                got = self.split.gather_planned(plan_batches(self.split.starts, part), m, names,
+                                                out={k: v[row:row + m] for k, v in into.items()})
+                for k, v in got.items():
+                    gathered[k] = into[k] if k in into else gathered.get(k, []) + v
+                row += m
+                # done part by part: the cache evicts what this load has finished with, not read-ahead
+                self.split.reads_done(self.schedule, [self._positions[id(b)] for b in part])
+        if len(parts) == 1:
+            self.split.reads_done(self.schedule, [self._positions[id(b)] for b in batches])
         rows: dict[str, torch.Tensor | list] = {}
         for f in self.fields:
             if f.is_tensor:
@@ -235,6 +258,26 @@ class TypedLoader(BatchPrefetcher):
                 rows[f.name] = gathered[f.name]
         cuts = np.cumsum([0] + [len(b) for b in batches]).tolist()
         return [{name: v[a:e] for name, v in rows.items()} for a, e in zip(cuts, cuts[1:])]
+
+    def _cache_parts(self, batches: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """The load's batches in consecutive parts whose s3:// shards fit together in this loader
+        threads' share of a streamed split's cache (one part: the whole load). A load of several
+        batches only copies (decoding loads one batch), so its parts need not stay open together."""
+        budget = self.split.cache_budget()
+        if budget is None or len(batches) == 1:
+            return [batches]
+        budget //= self.num_workers
+        parts, current, held = [], [], set()
+        for b in batches:
+            shards = set(np.unique(np.searchsorted(self.split.starts, b, side="right") - 1).tolist())
+            union = held | shards
+            if current and self.split.cached_bytes(union) > budget:
+                parts.append(current)
+                current, union = [], shards
+            current.append(b)
+            held = union
+        parts.append(current)
+        return parts
 
     def _transform(self, idx: np.ndarray, gathered: dict, staging: dict[str, np.ndarray],
                    outs: dict[str, np.ndarray]) -> None:
@@ -275,6 +318,8 @@ class TypedLoader(BatchPrefetcher):
 
     def close(self) -> None:
         super().close()
+        self.split.unplan_reads(self.schedule)
+        self.schedule = None
         self.blocks.release(self._reserved)
         self._reserved = 0
         if self.own_pool:
