@@ -124,7 +124,9 @@ def _onnx_section(card: dict, data: dict[str, bytes], record: dict) -> list[str]
               'outputs = session.run(None, {"input": x})[0]', "```", ""]
     if prep and output:
         model_input = prep.get("model_input") or {}
-        lines += [f"`x` is {json.dumps(model_input.get('shape'))} {model_input.get('dtype')}, made from a raw "
+        # Image cards written before their model_input named a shape: the model's own input shape.
+        shape = model_input.get("shape") or ["batch", *((card.get("model") or {}).get("input_shape") or [])]
+        lines += [f"`x` is {json.dumps(shape)} {model_input.get('dtype')}, made from a raw "
                   f"{prep.get('kind')} input exactly as the card's `preprocessing` says, step by step. The output "
                   f"is {output.get('kind')}, {json.dumps(output.get('shape'))}; `predict` then does: "
                   f"{output.get('postprocessing')}.", ""]

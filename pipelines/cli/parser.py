@@ -26,6 +26,7 @@ from pipelines.cli.platform_care import (
 from pipelines.cli.predict import predict_command
 from pipelines.cli.reproduce import reproduce_command
 from pipelines.cli.sources import sources_add_command, sources_examples_command
+from pipelines.cli.store_log import log_command
 from pipelines.cli.tensorboard import DEFAULT_PORT, port_number, tensorboard_command
 
 
@@ -97,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=version_number, default=None, help="Version number (default: the newest).")
     p.add_argument("--json", action="store_true", help="Print the record as JSON (comments and alias under 'annotations').")
 
-    p = command("versions", "List a model's versions with test accuracy, data commit and the production alias.",
+    p = command("versions", "List a model's versions with test accuracy (or the task's own test metric), data commit "
+                            "and the production alias.",
                 versions_command)
     model_arg(p)
 
@@ -184,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", nargs="?", default=None, help="Dataset name, e.g. digits.")
     p.add_argument("--json", action="store_true", help="Print the versions as JSON.")
     location_args(p)
+
+    p = command("log", "Print a branch's commit log in the versioned store, newest first: date, message, the version "
+                       "tags on each commit and the Dagster run that made it (what reached main, and what did not).",
+                log_command)
+    p.add_argument("--branch", default="main", help="The branch (or tag, or commit id) to start from (default: main).")
+    p.add_argument("-n", type=int, default=20, help="How many commits to show (default 20).")
+    p.add_argument("--first-parent", action="store_true",
+                   help="Follow only each merge's first parent: the commits the branch's head has been.")
+    p.add_argument("--json", action="store_true", help="Print the commits as JSON, with their parents and metadata.")
 
     what = ("Source files of dataset pipelines: commit new ones to the store's sources area (`add`), or write the "
             "example pipelines' data (`examples`).")

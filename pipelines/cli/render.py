@@ -65,10 +65,11 @@ def format_versions(records: list[dict], production: dict, comment_counts: list[
     """One line per version, oldest first (``comment_counts`` in the same order as ``records``), then
     who moved the production alias last."""
     production_version = production.get("version")
+    figures = [headline(r["evaluation"]["test"], r) for r in records]
     rows = [["production" if production_version == r["version"] else "", f"v{r['version']}", r["created_at"],
-             headline(r["evaluation"]["test"]), r["data"]["shards_commit"][:12], str(n)]
-            for r, n in zip(records, comment_counts, strict=True)]
-    header = "test acc" if all(headline(r["evaluation"]["test"])[0].isdigit() for r in records) else "test metric"
+             figure, r["data"]["shards_commit"][:12], str(n)]
+            for r, figure, n in zip(records, figures, comment_counts, strict=True)]
+    header = "test acc" if all(figure[0].isdigit() for figure in figures) else "test metric"
     lines = table(["alias", "version", "created", header, "shards", "comments"], rows, indent="")
     if production.get("history"):
         last = production["history"][-1]
@@ -78,13 +79,39 @@ def format_versions(records: list[dict], production: dict, comment_counts: list[
 
 # The one figure a versions listing shows per task: accuracy where there is one, else the task's own.
 # (Language models report a next-token accuracy too; their figure is perplexity.)
-_HEADLINE = ("perplexity", "accuracy", "r2", "micro_f1", "loss")
+_HEADLINE = ("perplexity", "accuracy", "r2", "micro_f1")
 
 
-def headline(test: dict) -> str:
+def headline(test: dict, record: Mapping | None = None) -> str:
     """``0.9711`` for a classifier's accuracy (the column's classic figure), ``perplexity 8.2301`` else."""
-    name = next(k for k in _HEADLINE if k in test)
+    name = headline_metric(test, record or {})
     return f"{test[name]:.4f}" if name == "accuracy" else f"{name} {test[name]:.4f}"
+
+
+def headline_metric(test: dict, record: Mapping) -> str:
+    """The test metric that stands for a version: a built-in task's own; for a team's task, the one
+    its quality gate bounds, else the one its training monitored, else its only metric besides the
+    loss. The loss only when nothing else says which: a task's metric (``reconstruction_mse``) is
+    what its users judge it by, and a bare ``loss`` reads as the built-in classifier's."""
+    scalars = {k for k, v in test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and k != "num_samples"}
+    builtin = next((k for k in _HEADLINE if k in scalars), None)
+    if builtin is not None:
+        return builtin
+    gated = [bound[len("test_"):] for bound in ((record.get("quality_gate") or {}).get("bounds") or {})
+             if bound.startswith("test_") and bound[len("test_"):] in scalars - {"loss"}]
+    if gated:
+        return gated[0]
+    monitor = (record.get("training_figures") or {}).get("monitor")
+    if monitor in scalars - {"loss"}:
+        return monitor
+    others = sorted(scalars - {"loss"})
+    if len(others) == 1:
+        return others[0]
+    if "loss" in scalars:
+        return "loss"
+    raise ValueError(f"the version's test figures {sorted(test)} hold no scalar metric to show; its lineage "
+                     "record is damaged")
 
 
 def format_dataset_versions(dataset: str, versions: list) -> str:

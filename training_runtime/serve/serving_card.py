@@ -95,6 +95,7 @@ def _image_steps(info: DataInfo, prep: dict) -> dict:
                                     + ("'GRAY', colorsubsampling 'Gray'" if mode == "L" else "'RGB', "
                                        "colorsubsampling '420'") + ") and decode them again (simplejpeg.decode_jpeg)")
     steps["model_input"] = {
+        "shape": ["batch", *info.model_input_shape()],
         "layout": "NCHW: pixels (H, W, C) transposed to (C, H, W), a batch dimension in front", "dtype": "float32",
         "scale": IMAGE_SCALE, "mean": IMAGE_MEAN, "std": IMAGE_STD,
         "order": "scale, then subtract mean, then divide by std",
