@@ -56,6 +56,19 @@ class DataConfig:
         "<checkpoint.dir>/../shard_cache).",
         default=None,
     )
+    cache_limit: int | None = _doc(
+        "Bytes of local disk the node's s3:// shard cache may use, split evenly between its ranks "
+        "(each streams into <cache_dir>/rank-<local rank>). Shards are fetched as the ranks read them "
+        "and deleted once read for the epoch, so this need not hold the dataset: one load's shards "
+        "plus data.read_ahead more per rank is enough. None: 80% of the cache disk (its free space "
+        "plus what is already cached there) at start. file:// shards are read in place and use none.",
+        default=None,
+    )
+    read_ahead: int = _doc(
+        "s3:// shards each rank fetches ahead of its reads, in the order it will read them, while "
+        "data.cache_limit has room (0: fetch only when a batch needs a shard).",
+        default=2,
+    )
 
 
 @dataclass(kw_only=True)
@@ -383,6 +396,10 @@ class RunConfig:
             raise ConfigError(f"output_dir must be an absolute path, got {self.output_dir!r}")
         if self.data.cache_dir is not None and not os.path.isabs(self.data.cache_dir):
             raise ConfigError(f"data.cache_dir must be an absolute path, got {self.data.cache_dir!r}")
+        if self.data.cache_limit is not None and (not isinstance(self.data.cache_limit, int) or self.data.cache_limit < 1):
+            raise ConfigError(f"data.cache_limit must be a positive number of bytes or null, got {self.data.cache_limit!r}")
+        if not isinstance(self.data.read_ahead, int) or self.data.read_ahead < 0:
+            raise ConfigError(f"data.read_ahead must be a number of shards >= 0, got {self.data.read_ahead!r}")
         if self.launch < 1:
             raise ConfigError(f"launch must be >= 1, got {self.launch}")
         if self.telemetry.every_steps < 1:

@@ -48,8 +48,8 @@ from training_runtime.config import ConfigError, RunConfig
 from training_runtime.data.batches import split_loader
 from training_runtime.data.prefetch import chained_epochs
 from training_runtime.data.sampling import epoch_indices, steps_per_epoch
-from training_runtime.data.shards import resolve_shards
-from training_runtime.data.split import open_split
+from training_runtime.data.cache import ShardCache, default_cache_limit, shard_refs
+from training_runtime.data.split import open_streaming_split
 from training_runtime.distributed.fsdp import (
     full_model_state,
     full_optimizer_state,
@@ -130,6 +130,7 @@ class TrainingContext:
         all_steps = t.epochs * self.steps_per_epoch
         self.total_steps = all_steps if t.max_steps is None else min(t.max_steps, all_steps)
         self._splits: dict[str, Any] = {}
+        self._shard_cache: ShardCache | None = None
         self._stop = StopSignal()
         self.writer = ckpt.CheckpointWriter(
             config.checkpoint.dir, config.checkpoint.keep_last, config.checkpoint.async_save,
@@ -197,17 +198,54 @@ class TrainingContext:
         return self._splits[name]
 
     def _open_split(self, name: str) -> None:
-        cfg, err = self.config, None
-        if self.local_rank == 0:
-            try:
-                resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
-                               cfg.data.s3_endpoint_url, verify=True)
-            except Exception as e:  # re-raised on every rank by raise_if_any_failed
-                err = e
-        raise_if_any_failed(err, f"{name} shard verification", self.dist.io_group)
-        paths = resolve_shards(cfg.data.manifest, cfg.data.locations, name, cfg.cache_dir(),
-                               cfg.data.s3_endpoint_url, verify=False)
-        self._splits[name] = open_split(cfg.data.manifest, paths, name)
+        """Nothing is downloaded or read here: each rank streams the shards it reads through its
+        own cache (data/cache.py), each checked (sha256) when first read, so the first step waits
+        for its first shards only."""
+        cfg, err, split = self.config, None, None
+        try:
+            refs = shard_refs(cfg.data.manifest, cfg.data.locations, name)
+            split = open_streaming_split(cfg.data.manifest, refs, name, self.shard_cache(refs))
+        except Exception as e:  # re-raised on every rank by raise_if_any_failed
+            err = e
+        raise_if_any_failed(err, f"{name} shards", self.dist.io_group)
+        self._splits[name] = split
+
+    def shard_cache(self, refs=()) -> ShardCache:
+        """This rank's shard cache (``<data.cache_dir>/rank-<local rank>``, this rank's share of
+        ``data.cache_limit``), made when a split first needs it. One per rank, not per node: the
+        ranks of a node read different shards, so sharing would add locks, not hits."""
+        if self._shard_cache is None:
+            cfg = self.config
+            if any(not r.is_local for r in refs):
+                directory = f"{cfg.cache_dir()}/rank-{self.local_rank}"
+                limit = cfg.data.cache_limit or default_cache_limit(cfg.cache_dir())
+                share = limit // max(1, self.dist.local_world_size)
+            else:
+                directory, share = None, 1  # file:// shards only: read in place, nothing cached
+            self._shard_cache = ShardCache(directory, share, cfg.data.read_ahead, cfg.data.s3_endpoint_url)
+        elif self._shard_cache.dir is None and any(not r.is_local for r in refs):
+            old, self._shard_cache = self._shard_cache, None  # a later split streams from S3
+            self._shard_cache = self.shard_cache(refs)
+            self._shard_cache._verified_local |= old._verified_local
+        return self._shard_cache
+
+    def _all_data_figures(self) -> dict[str, Any]:
+        """Every rank's streaming figures (collective): totals and per-rank lists for metrics.json."""
+        per_rank = all_gather_object(self.data_figures()) if dist.is_initialized() else [self.data_figures()]
+        out: dict[str, Any] = {}
+        for key in per_rank[0]:
+            values = [r[key] for r in per_rank]
+            out[key] = max(values) if key == "cache_peak_bytes" else sum(values)
+            out[f"per_rank_{key}"] = values
+        return out
+
+    def data_figures(self) -> dict[str, Any]:
+        """This rank's streaming figures: bytes fetched, the cache's peak disk use, evictions."""
+        c = self._shard_cache
+        stats = c.stats.as_dict() if c is not None else {}
+        return {"data_bytes_fetched": stats.get("bytes_fetched", 0), "cache_peak_bytes": stats.get("peak_bytes", 0),
+                "cache_evictions": stats.get("evictions", 0), "cache_refetches": stats.get("refetches", 0),
+                "cache_reused": stats.get("reused", 0)}
 
     def epoch_loader(self, epoch: int, start_step: int = 0):
         """The raw loader of this rank's share of training epoch ``epoch`` from its step ``start_step``."""
@@ -437,6 +475,7 @@ class TrainingContext:
     def write_outputs(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """Rank 0: metrics.json (``metrics`` with every attempt and its detections) and
         resolved_config.json beside the model. Returns what metrics.json holds."""
+        metrics = {**metrics, **self._all_data_figures()}  # collective: every rank writes outputs
         if not self.is_main:
             return {**metrics, "detections": list(self.guards.detections)}
         attempts, detections = self.attempts()
