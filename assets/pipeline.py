@@ -5,7 +5,6 @@ data versions and metadata together.
 """
 
 
-import fnmatch
 import json
 import re
 import tempfile
@@ -22,7 +21,8 @@ from assets.sharding import (
     target_sample_bytes,
 )
 from assets.typed_data import build_typed_data_assets
-from assets.source import SourceError, file_sha256, iter_frame_chunks, iter_source_chunks, resolve_source_files
+from assets.source import SourceError, iter_frame_chunks, iter_source_chunks
+from assets.source_place import locate_sources, table_source_files
 from assets.data_key import data_key, frame_sha256
 from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
 from core.datasets import DATA_KEY, plan_dataset_version, reusable_version, tag_published_dataset, validation_report_path
@@ -275,8 +275,9 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
 
     Source paths resolve in the store's ``sources/`` area at the run's pinned commit (tag
     ``platform/source_commit``, else main's head) when files there match; otherwise in the local
-    sources directory. Store files are first downloaded to ``tmp``. A loader function is simply
-    called, and its frame cut into the same chunks.
+    sources directory (assets/source_place.py); the log names the place read. Store files are
+    first downloaded to ``tmp``. A loader function is simply called, and its frame cut into the
+    same chunks.
     """
     rows = spec.chunk_rows
     try:
@@ -284,17 +285,11 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
             frame = spec.source.loader()
             return (iter_frame_chunks(frame, rows), [{"loader": spec.source.describe(), "rows": int(len(frame)),
                                                       "sha256": frame_sha256(frame)}], None)
-        commit = context.run.tags.get(SOURCE_COMMIT_TAG) or store.resolve_ref(MAIN)
-        wanted = [SOURCES_PREFIX + p for p in spec.source.paths if not Path(p).is_absolute()]
-        in_store = [o for o in store.list_objects(commit, prefix=SOURCES_PREFIX)
-                    if any(fnmatch.fnmatchcase(o.path, w) for w in wanted)] if wanted else []
-        if not in_store:
-            files = resolve_source_files(spec, sources_root)
-            return iter_source_chunks(spec, files, rows), [
-                {"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files], None
-        files = [store.download(commit, o.path, tmp / o.path) for o in in_store]
-        return (iter_source_chunks(spec, files, rows),
-                [{"file": o.path, "bytes": o.size_bytes, "checksum": o.checksum} for o in in_store], commit)
+        place = locate_sources(spec, store, sources_root, context.run.tags.get(SOURCE_COMMIT_TAG)
+                               or store.resolve_ref(MAIN))
+        (context.log.warning if place.hidden else context.log.info)(place.describe())
+        files, described = table_source_files(spec, store, place, tmp)
+        return iter_source_chunks(spec, files, rows), described, place.commit
     except SourceError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
 

@@ -31,9 +31,10 @@ def missing_source_hint(spec: PipelineSpec) -> str:
     return hint
 
 
-def resolve_source_files(spec: PipelineSpec, sources_root: Path) -> list[Path]:
+def resolve_source_files(spec: PipelineSpec, sources_root: Path, patterns: tuple[str, ...] | None = None) -> list[Path]:
+    """The files of the source's paths (``patterns``: of these only), relative ones under ``sources_root``."""
     files: list[Path] = []
-    for pattern in spec.source.paths:
+    for pattern in spec.source.paths if patterns is None else patterns:
         p = Path(pattern)
         full = p if p.is_absolute() else sources_root / p
         matches = sorted(Path(m) for m in glob.glob(str(full)))

@@ -8,7 +8,6 @@ whose files and preprocessing equal the newest version's reuses it (assets/reuse
 """
 
 # No ``from __future__ import annotations``: Dagster reads the ``context`` annotation as a type.
-import fnmatch
 import json
 import tempfile
 from pathlib import Path
@@ -19,9 +18,10 @@ from assets import ingest
 from assets.data_key import data_key
 from assets.kinds import DataKind
 from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
-from assets.source import file_sha256, missing_source_hint
+from assets.source import SourceError
+from assets.source_place import describe_files, locate_sources, typed_source_files
 from core.datasets import DATA_KEY, reusable_version
-from core.spec import ImageFolder, PipelineSpec
+from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
 from resources.store.base import MAIN
@@ -119,33 +119,14 @@ def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Pa
     """(files, the root they lie under, the store commit they came from or None).
 
     As for tables: the store's ``sources/`` area at the run's pinned commit when files there match,
-    else the local sources directory. Symbolic links are listed, not followed: the kind refuses
-    one that leads outside the root.
+    else the local sources folder; absolute corpus paths as they are (assets/source_place.py). The
+    log names the place read. Symbolic links are listed, not followed: the kind refuses one that
+    leads outside the root. Missing files are bad input: the run stops at once, not retried.
     """
-    commit = context.run.tags.get(source_commit_tag) or store.resolve_ref(MAIN)
-    patterns = spec.source.paths
-    in_store = [o for o in store.list_objects(commit, prefix="sources/")
-                if any(fnmatch.fnmatchcase(o.path[len("sources/"):], p) for p in patterns)]
-    if in_store:
-        root = tmp / "sources"
-        return [store.download(commit, o.path, root / o.path[len("sources/"):]) for o in in_store], root, commit
-    if isinstance(spec.source, ImageFolder):
-        folder = sources_root / spec.source.root
-        if not folder.is_dir():
-            raise dg.Failure(description=f"pipeline {spec.name!r}: image folder {folder} does not exist; put the "
-                                         f"images under it (one sub-folder per class); or {missing_source_hint(spec)}",
-                             allow_retries=False)
-        files = sorted(p for p in folder.rglob("*") if p.is_symlink() or p.is_file())
-    else:
-        files = sorted({f for p in patterns for f in sources_root.glob(p) if f.is_symlink() or f.is_file()})
-    if not files:
-        raise dg.Failure(description=f"pipeline {spec.name!r}: no files match {list(patterns)} under {sources_root} "
-                                     f"or in the store's sources/ area; {missing_source_hint(spec)}",
-                         allow_retries=False)
-    return files, sources_root, None
-
-
-def describe_files(files: list[Path], root: Path) -> list[dict]:
-    """What raw_dataset records about each file it read (symbolic links as the link, not followed)."""
-    return [{"file": str(f.relative_to(root)), "bytes": f.lstat().st_size,
-             **({"sha256": file_sha256(f)} if f.is_file() and not f.is_symlink() else {})} for f in files]
+    place = locate_sources(spec, store, sources_root, context.run.tags.get(source_commit_tag) or store.resolve_ref(MAIN))
+    (context.log.warning if place.hidden else context.log.info)(place.describe())
+    try:
+        files, root = typed_source_files(spec, store, place, tmp)
+    except SourceError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    return files, root, place.commit

@@ -78,10 +78,12 @@ class ImageFolder:
 
 @dataclass(frozen=True, kw_only=True)
 class TextCorpus:
-    """Text files under the sources root: JSONL with a text field (and optionally a label), or plain
-    ``.txt`` files (one document each), for classification or language modelling."""
+    """Text files: JSONL with a text field (and optionally a label), or plain ``.txt`` files (one
+    document each), for classification or language modelling. Relative paths are read from the
+    store's ``sources/`` area or the sources root; absolute paths as they are, with documents
+    named under the folder their patterns share."""
 
-    paths: tuple[str, ...]  # files or globs; .jsonl and .txt
+    paths: tuple[str, ...]  # files or globs (``**`` crosses folders); .jsonl and .txt; all relative or all absolute
     text_field: str = "text"  # JSONL field holding the text
     label_field: str | None = None  # JSONL field holding the label (classification)
     min_chars: int = 1  # shortest accepted document
@@ -487,6 +489,10 @@ class PipelineSpec:
     def _check_text(self, n: str, src: "TextCorpus", prep: "TextPreprocessing") -> None:
         if not src.paths:
             _fail(n, "source.paths", "give .jsonl or .txt files or globs under the sources root")
+        absolute = [p for p in src.paths if p.startswith("/")]
+        if absolute and len(absolute) < len(src.paths):
+            _fail(n, "source.paths", f"mixes absolute paths ({absolute[0]!r}) with paths under the sources root; "
+                  "a corpus names its documents under one folder: make them all absolute or all relative")
         if self.task == "language_modeling":
             if self.class_names or src.label_field:
                 _fail(n, "class_names" if self.class_names else "source.label_field",

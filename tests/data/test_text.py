@@ -377,3 +377,48 @@ def test_bad_input_is_refused_naming_the_file_and_leaves_main_alone(shared_platf
     assert report["passed"] is False and all(any(f in failure for failure in report["failures"])
                                              for f in fragments)
     assert not store.list_objects(branch, prefix="datasets/bad/raw/documents.parquet")  # not committed
+
+
+# --- absolute paths: read as they are (docs/pipelines.md#where-sources-live) ------------------------
+
+def test_a_corpus_of_absolute_globs_is_read_as_it_is(platform, tmp_path):
+    elsewhere = tmp_path / "elsewhere" / "books"  # outside the sources root and the store
+    write_files(elsewhere, {k.removeprefix("toy/"): v for k, v in words_corpus(40).items()})
+    spec = dataset_pipeline("books", source=TextCorpus(paths=(f"{elsewhere}/*.txt",)), task="language_modeling",
+                            split={"samples_per_shard": 8}, preprocessing=TextPreprocessing(seq_len=16))
+
+    result = platform.run(spec)
+
+    assert result.success, failure_messages(result)
+    store = platform.store()
+    assert "books-d1" in store.list_tags()
+    raw_copy = pd.read_parquet(store.download("main", "datasets/books/raw/documents.parquet",
+                                              platform.root / "documents.parquet"))
+    # documents are named under the folder the glob names, so the same files elsewhere key alike
+    assert sorted(raw_copy["id"]) == [f"doc_{i:03d}.txt" for i in range(40)]
+    logs = [e.user_message for e in platform.instance.all_logs(result.run_id)]
+    assert "books: reading 40 file(s) of its absolute paths, as they are" in logs
+
+
+def test_an_absolute_glob_that_matches_nothing_fails_at_once_naming_it(platform, tmp_path):
+    missing = tmp_path / "nowhere"
+    spec = dataset_pipeline("books", source=TextCorpus(paths=(f"{missing}/*.txt",)), task="language_modeling",
+                            split={"samples_per_shard": 8}, preprocessing=TextPreprocessing(seq_len=16))
+
+    result = platform.run(spec)
+
+    assert not result.success
+    assert failure_messages(result).strip().endswith(
+        f"Failure: pipeline 'books': no files match ['{missing}/*.txt']; fix the corpus' absolute paths")
+    # bad input: no retry of the step's RetryPolicy (it cannot help), one failure
+    assert [e.event_type_value for e in result.all_events if e.is_step_failure or e.is_step_up_for_retry] == [
+        "STEP_FAILURE"]
+
+
+def test_a_corpus_mixing_absolute_and_relative_paths_is_refused(tmp_path):
+    from core.spec_fields import PipelineDefinitionError
+
+    with pytest.raises(PipelineDefinitionError, match="mixes absolute paths .* make them all absolute or all "
+                                                      "relative"):
+        dataset_pipeline("books", source=TextCorpus(paths=("books/*.txt", f"{tmp_path}/*.txt")),
+                         task="language_modeling")
