@@ -10,8 +10,9 @@ import torch
 
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.checkpoint import sharded as sharded_checkpoint
+from training_runtime.checkpoint.weights import StoredWeights, stored_weights, write_weights_checkpoint
 from training_runtime.config import ConfigError
-from training_runtime.distributed.fsdp import full_optimizer_state, load_full_state
+from training_runtime.distributed.fsdp import full_optimizer_state, is_sharded, load_full_state
 from training_runtime.distributed.process_group import all_gather_object
 from training_runtime.train.context import TrainingContext
 from training_runtime.train.reporting import IntervalReporter
@@ -94,17 +95,24 @@ class TrainerCheckpoints:
         its own under ``<checkpoint.dir>/best`` (atomic and checksummed like the others); only the
         newest stays. A run killed after writing it and resumed from an earlier checkpoint
         reaches the same validation again and rewrites it."""
-        state = self.ctx.full_state(self.model)
-        if self.ctx.is_main:
-            root = self.best_root()
-            ckpt.remove_stale_temporaries(root)
-            ckpt.write_checkpoint(root, step, {"step": step, "model": state, "metric": metric, "value": value})
+        ctx, root = self.ctx, self.best_root()
+        small = {"step": step, "metric": metric, "value": value}
+        if is_sharded(self.cfg.train.sharding):  # streamed, a tensor gathered at a time (checkpoint/weights.py)
+            write_weights_checkpoint(root, step, small, self.model.state_dict(), writer=ctx.is_main)
+        else:
+            state = ctx.full_state(self.model)
+            if ctx.is_main:
+                ckpt.remove_stale_temporaries(root)
+                ckpt.write_checkpoint(root, step, {**small, "model": state})
+        if ctx.is_main:
             ckpt.prune(root, 1)
 
-    def load_best(self, best_step: int) -> dict[str, torch.Tensor]:
+    def load_best(self, best_step: int) -> dict[str, torch.Tensor] | StoredWeights:
+        """The best validation's weights: a state dict, or (under FSDP) its safetensors file,
+        which the model's save copies."""
         found = ckpt.find_latest_valid(self.best_root())
         if found is None or found[1]["step"] != best_step:
             got = None if found is None else found[1]["step"]
             raise RuntimeError(f"{self.best_root()} does not hold the best validation's weights (step "
                                f"{best_step}; found {got}); rerun with a fresh checkpoint.dir")
-        return found[1]["model"]
+        return stored_weights(*found) or found[1]["model"]

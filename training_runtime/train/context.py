@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from training_runtime.checkpoint import full as ckpt
+from training_runtime.checkpoint.weights import StoredWeights, save_model_files
 from training_runtime.config import ConfigError, RunConfig
 from training_runtime.data.batches import split_loader
 from training_runtime.data.prefetch import chained_epochs
@@ -436,16 +437,22 @@ class TrainingContext:
         return broadcast_object(stop_reason(path) if self.is_main else None, group=self.dist.io_group)
 
     # ------------------------------------------------------------ outputs
-    def save_model(self, model: nn.Module | dict[str, torch.Tensor], training: dict[str, Any] | None = None) -> None:
+    def save_model(self, model: nn.Module | dict[str, torch.Tensor] | StoredWeights,
+                   training: dict[str, Any] | None = None) -> None:
         """Collective. Rank 0 writes ``model.safetensors`` and ``model_card.json`` to output_dir.
-        ``model``: the (wrapped) model, or a full state dict already gathered."""
+        ``model``: the (wrapped) model (under FSDP its shards are gathered one tensor at a time,
+        never all at once), or a full state dict already gathered."""
         with self.guards.paused():
             self._save_model(model, training)
 
-    def _save_model(self, model: nn.Module | dict[str, torch.Tensor], training: dict[str, Any] | None) -> None:
-        from training_runtime.serve.card import build_card, save_model
+    def _save_model(self, model: nn.Module | dict[str, torch.Tensor] | StoredWeights,
+                    training: dict[str, Any] | None) -> None:
+        # Streamed one tensor at a time (checkpoint/weights.py): an FSDP model's shards are gathered
+        # a tensor at a time on every rank, never the whole model on rank 0; a state dict or a
+        # stored file is written by rank 0 alone.
+        from training_runtime.serve.card import build_card
 
-        state = model if isinstance(model, dict) else self.full_state(model)
+        card = None
         if self.is_main:
             cfg, info = self.config, self.data_info
             card = build_card(factory=self.model_build.factory, kwargs=self.model_build.kwargs,
@@ -454,9 +461,12 @@ class TrainingContext:
                               manifest=cfg.data.manifest,
                               training={"data_commit": cfg.data.commit_id, "task": cfg.task,
                                         "train_fn": cfg.train_fn, **(training or {})})
-            out = Path(cfg.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            self.saved_model_card = save_model(out, {k: v.detach().cpu() for k, v in state.items()}, card)
+        out = self.config.output_dir
+        if isinstance(model, nn.Module) and is_sharded(self.config.train.sharding):
+            self.saved_model_card = save_model_files(out, model.state_dict(), card, writer=self.is_main)
+        elif self.is_main:
+            weights = unwrap(model).state_dict() if isinstance(model, nn.Module) else model
+            self.saved_model_card = save_model_files(out, weights, card, writer=True)
         else:
             self.saved_model_card = {}
         dist.barrier(group=self.dist.io_group)  # the others wait on rank 0's write: the I/O timeout

@@ -147,7 +147,7 @@ class Trainer:
         if use_best:
             final_sd = self.checkpoints.load_best(best_step) if ctx.is_main else {}
         else:
-            final_sd = ctx.full_state(self.model)
+            final_sd = self.model  # streamed by the context: under FSDP never gathered whole on rank 0
         metrics = {**self.figures.metrics(step, attempt_steps, resumed), **(v.figures() if v is not None else {})}
         ctx.save_model(final_sd, training={
             "steps": step, "weights_from_step": best_step if use_best else step,
