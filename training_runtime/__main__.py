@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         # reads a config that code may not understand.
         build = verify_image()
         raw = _read_config(args.config)
-        failures = FailureRecorder.for_config(raw, os.environ, rank)
+        failures = FailureRecorder.for_config(raw, os.environ, rank, reporter=reporter)
         try:
             failures.refuse_restart()
             return _run(raw, failures, reporter, build)

@@ -56,6 +56,7 @@ class PipesReporter:
         self.seq = 0  # messages sent so far
         self._restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         self._lock = threading.Lock()
+        self.restart_follows = False  # set by ``restarting``: this attempt ends, torchrun starts another
         folder = environ.get(LEDGER_ENV)
         self.ledger: Path | None = None
         if folder:
@@ -82,8 +83,23 @@ class PipesReporter:
             with open(self.ledger, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
+    def restarting(self, message: str) -> None:
+        """This attempt of rank 0 failed and torchrun restarts the workers (train/failures.py): say
+        so in the run's log, and leave the Pipes session open. Its "closed" message would end the
+        session for Dagster, which then warns about every message of the restarted attempt (and
+        a pod-log reader stops reading at it); the restarted rank 0 opens the same message
+        channel again, and its "closed", at the real end, closes the session once."""
+        with self._lock:
+            self.pipes.log.warning(message)
+            self._sent("log", text=message)
+        self.restart_follows = True
+
     def __enter__(self) -> PipesReporter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and self.restart_follows:
+            # No "closed": the channels the launchers use (a file appended to per message, a
+            # pod's stdout) hold every message already written; the process is ending.
+            return
         self.pipes.__exit__(exc_type, exc, tb)

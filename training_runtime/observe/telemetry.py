@@ -29,6 +29,10 @@ class LogReporter:
     def custom(self, payload: dict[str, Any]) -> None:
         log.info("%s %s", payload.get("kind", "message"), json.dumps(payload, sort_keys=True))
 
+    def restarting(self, message: str) -> None:
+        """This attempt ends and torchrun restarts the workers (train/failures.py)."""
+        log.warning(message)
+
 
 class SystemStats:
     """CPU percent and RSS of this process (psutil) and, on a CUDA device, the GPU figures of

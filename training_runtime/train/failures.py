@@ -23,7 +23,7 @@ import atexit
 import logging
 import os
 import traceback
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from training_runtime.config import ConfigError
 from training_runtime.observe.attempts import (
@@ -106,24 +106,48 @@ def _launch_of(raw: Mapping[str, Any]) -> int:
     return launch if isinstance(launch, int) and not isinstance(launch, bool) and launch >= 1 else 1
 
 
+class Restarting(Protocol):
+    """Told when this rank's attempt ends and torchrun starts another (observe/pipes.py's reporter
+    keeps rank 0's Pipes session open for it)."""
+
+    def restarting(self, message: str) -> None: ...
+
+
 class FailureRecorder:
     """One rank's failure bookkeeping for its attempt. ``log`` is None outside torchrun, or when
-    the config names no checkpoint directory to put records beside."""
+    the config names no checkpoint directory to put records beside. ``reporter`` is told when a
+    failure is followed by a torchrun restart."""
 
     def __init__(self, log: AttemptLog | None, environ: Mapping[str, str],
-                 at_exit: Callable[..., Any] = atexit.register):
-        self.log, self.environ, self.at_exit = log, environ, at_exit
+                 at_exit: Callable[..., Any] = atexit.register, reporter: Restarting | None = None):
+        self.log, self.environ, self.at_exit, self.reporter = log, environ, at_exit, reporter
         self.stopping = False
 
     @classmethod
     def for_config(cls, raw: Mapping[str, Any], environ: Mapping[str, str], rank: int,
-                   at_exit: Callable[..., Any] = atexit.register) -> FailureRecorder:
+                   at_exit: Callable[..., Any] = atexit.register,
+                   reporter: Restarting | None = None) -> FailureRecorder:
         """From the config as read (not yet validated: a config error is recorded too)."""
         attempt = current_attempt(_launch_of(raw), environ)
         directory = (raw.get("checkpoint") or {}).get("dir") if isinstance(raw.get("checkpoint"), dict) else None
         if attempt is None or not isinstance(directory, str) or not os.path.isabs(directory):
-            return cls(None, environ, at_exit)
-        return cls(AttemptLog(attempts_root(directory), attempt, rank), environ, at_exit)
+            return cls(None, environ, at_exit, reporter)
+        return cls(AttemptLog(attempts_root(directory), attempt, rank), environ, at_exit, reporter)
+
+    def restart_follows(self, record: Mapping[str, Any]) -> bool:
+        """Whether torchrun's agent restarts the workers after this rank's failure ``record``: a
+        retryable failure under torchrun with restarts left, and no rank of this attempt recorded
+        a deterministic one (that rank stops the agent). A rank whose peer fails sees the peer's
+        record: the peer writes it before it exits, and this rank's collective fails only then."""
+        if self.log is None or record["kind"] == DETERMINISTIC:
+            return False
+        if self.log.attempt.restart >= _int(self.environ.get("TORCHELASTIC_MAX_RESTARTS")):
+            return False
+        try:
+            others = self.log.failures()
+        except (OSError, ValueError):  # unreadable records: assume the agent stops, as it may
+            return False
+        return not any(f.get("kind") == DETERMINISTIC for f in others)
 
     @property
     def attempt(self) -> AttemptId | None:
@@ -150,4 +174,17 @@ class FailureRecorder:
         if record["kind"] == DETERMINISTIC and self.environ.get("TORCHELASTIC_RUN_ID") and not self.stopping:
             self.stopping = True
             self.at_exit(stop_elastic_agent, dict(self.environ), str(self.log.dir) if self.log else None)
+        if self.reporter is not None and self.restart_follows(record):
+            attempt = self.log.attempt
+            self.reporter.restarting(
+                f"attempt {attempt.name} ended on rank {self.log.rank}: {record['message']}; torchrun restarts "
+                f"the workers (restart {attempt.restart + 1} of "
+                f"{_int(self.environ.get('TORCHELASTIC_MAX_RESTARTS'))}), resuming from the last checkpoint")
         return record
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
