@@ -7,6 +7,8 @@ Dagster retry and the orchestrator all know how each attempt ended, why, and wha
   torchrun run id, world size, the step it resumed from, whether it completed;
 - ``rank<r>.detections.jsonl`` (each rank, as they happen): the guards' detections, one JSON
   object a line (those every rank reaches from the same gathered figures are written by rank 0);
+- ``rank0.reported.jsonl`` (rank 0, at each ``ctx.report``): the figures a training function
+  reported, one JSON object a line, so metrics.json's ``reported`` keeps every attempt's;
 - ``rank<r>.failure.json`` (a rank that failed): its exception, whether a new attempt can fix it
   (``retryable``) or would repeat it (``deterministic``), the step, the detection that stopped
   it and the last good checkpoint.
@@ -32,6 +34,7 @@ from training_runtime.atomic_files import atomic_write_bytes
 
 ATTEMPTS_DIR = "attempts"
 ATTEMPT_FILE = "attempt.json"
+REPORTED = "reported.jsonl"  # rank0.reported.jsonl: what rank 0 reported, per attempt
 DETERMINISTIC = "deterministic"  # a new attempt would fail the same way: no restart, no retry
 RETRYABLE = "retryable"  # a new attempt may succeed: a killed worker, a lost node, a hang, an outage
 _NAME = re.compile(r"^L(\d+)-R(\d+)-(.+)$")
@@ -71,6 +74,18 @@ def current_attempt(launch: int, environ: Mapping[str, str]) -> AttemptId | None
     return AttemptId(launch, int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), _safe(run))
 
 
+def _plain(value: Any) -> Any:
+    """A reported value JSON cannot hold as it is: a tensor or numpy scalar as its number (or
+    list), anything else as its text."""
+    for convert in ("item", "tolist"):
+        if callable(getattr(value, convert, None)):
+            try:
+                return getattr(value, convert)()
+            except (ValueError, RuntimeError):  # not a one-element tensor: tolist next
+                continue
+    return str(value)
+
+
 def _write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n").encode())
 
@@ -105,6 +120,18 @@ class AttemptLog:
             f.write(json.dumps(dict(detection), sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def add_reported(self, entry: Mapping[str, Any]) -> None:
+        """Rank 0: one ``ctx.report``'s figures, appended as they are reported. Flushed, not
+        synced: a killed worker's writes survive in the page cache (a lost node takes the
+        attempt's last figures with it; they are figures, not state to resume from)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / f"rank{self.rank}.{REPORTED}", "a", encoding="utf-8") as f:
+            f.write(json.dumps(dict(entry), sort_keys=True, default=_plain) + "\n")
+
+    def failures(self) -> list[dict[str, Any]]:
+        """The failure records every rank of this attempt has written so far."""
+        return [json.loads(p.read_text()) for p in sorted(self.dir.glob("rank*.failure.json"))]
 
     def add_failure(self, record: Mapping[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -234,6 +261,33 @@ def metrics_attempts(attempts: list[Attempt]) -> tuple[list[dict[str, Any]], lis
     of every attempt in the order they happened, each with ``attempt`` (1: the first)."""
     detections = [{**d, "attempt": i} for i, a in enumerate(attempts, 1) for d in a.detections]
     return [a.to_metrics() for a in attempts], detections
+
+
+def read_reported(root: str | os.PathLike, attempt: AttemptId) -> list[dict[str, Any]]:
+    """What rank 0 of ``attempt`` reported, in order (a line torn by a kill is left out)."""
+    path = Path(root) / attempt.name / f"rank0.{REPORTED}"
+    out = []
+    for line in (path.read_text(encoding="utf-8").splitlines() if path.is_file() else []):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+def metrics_reported(root: str | os.PathLike, attempts: list[Attempt], current: AttemptId,
+                     current_reported: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """metrics.json's ``reported``: every attempt's figures in the order they were reported, each
+    with ``attempt`` (1: the first, as in ``attempts``). An attempt restarted from a checkpoint
+    reports some steps again; both reports are kept, told apart by their attempt. ``current``'s
+    are ``current_reported`` (this process's own list)."""
+    out: list[dict[str, Any]] = []
+    for i, a in enumerate(attempts, 1):
+        entries = current_reported if a.id == current else read_reported(root, a.id)
+        out.extend({**e, "attempt": i} for e in entries)
+    return out
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from training_runtime.distributed.process_group import (
     raise_if_any_failed,
 )
 from training_runtime.distributed.units import check_unit_names, parse_unit_names
-from training_runtime.observe.attempts import AttemptLog, metrics_attempts, read_attempts
+from training_runtime.observe.attempts import AttemptLog, metrics_attempts, metrics_reported, read_attempts
 from training_runtime.observe.telemetry import LogReporter, Reporter
 from training_runtime.tasks.evaluation import evaluate_split
 from training_runtime.train.epochs import EpochBatches, StopSignal
@@ -395,6 +395,8 @@ class TrainingContext:
         entry = {"step": int(step), **metrics}
         self.reported.append(entry)
         if self.is_main:
+            if self.attempt_log is not None:  # kept per attempt: metrics.json lists every attempt's
+                self.attempt_log.add_reported(entry)
             self.reporter.custom({"kind": "telemetry", **entry})
         self.guards.beat(int(step))
         self.guards.check_reported(int(step), metrics)
@@ -490,6 +492,9 @@ class TrainingContext:
             return {**metrics, "detections": list(self.guards.detections)}
         attempts, detections = self.attempts()
         metrics = {**metrics, "attempts": attempts, "detections": detections}
+        if "reported" in metrics and self.attempt_log is not None:  # every attempt's, not this one's alone
+            metrics["reported"] = metrics_reported(self.attempt_log.root, read_attempts(self.attempt_log.root),
+                                                   self.attempt_log.attempt, metrics["reported"])
         out = Path(self.config.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         resolved = self.config.to_dict()
