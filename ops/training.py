@@ -9,6 +9,7 @@ launcher resource, and commits the weights to the run branch.
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from resources.platform import (
     VersionedStoreResource,
 )
 from resources.store.base import VersionedStore
-from training_runtime.observe.attempts import LaunchOutcome, attempts_root, next_launch
+from training_runtime.observe.attempts import Attempt, LaunchOutcome, attempts_root, next_launch, read_attempts
 
 WEIGHTS_FILE = "model.safetensors"
 # What a training run leaves in its output directory, committed beside each other on the run branch.
@@ -103,13 +104,17 @@ def run_distributed_training(
                      f"{f' ({label})' if label else ''} on shards commit {shards['commit_id'][:12]}")
     try:
         invocation = launcher.launch(context, job)
-    except Exception as exc:
+    except Exception:
         outcome = launcher.failure_of(job)
         if outcome is None:  # no record: the workers were killed before they could say why
             raise
-        raise training_failure(context, spec, outcome) from exc
+        # Not chained: the launcher's own error ("process failed with code 1") and its stack trace
+        # would follow the runtime's words in every place Dagster prints the failure.
+        raise training_failure(context, spec, outcome) from None
     finally:  # every rank's logs are kept, a failed training's above all
         logs = keep_rank_logs(context, artifacts, launcher, job) if artifacts is not None else None
+    # A training that recovered (torchrun restarted its workers) says from what, hang stacks included.
+    log_attempts(context, [a for a in read_attempts(attempts_root(checkpoint_dir)) if a.id.launch == config["launch"]])
     telemetry = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == "telemetry"]
     return training_result_from(output_dir, logs=logs, telemetry=telemetry)
 
@@ -118,9 +123,9 @@ def training_failure(context: dg.OpExecutionContext, spec: PipelineSpec, outcome
     """The step's failure in the runtime's words. A failure a new attempt would repeat (a
     non-finite stop, user code that cannot be imported or called, a config error) is not retried;
     others (a killed worker, a lost node, a hang, an outage) are, by the op's retry policy."""
-    for attempt in outcome.attempts:
-        context.log.info(f"attempt {attempt.id.name}: {attempt.ended}"
-                         + (f" ({attempt.reason})" if attempt.reason else ""))
+    # The attempts before the last one are logged; the last one's reason is the failure's own text.
+    log_attempts(context, outcome.attempts[:-1])
+    log_hang_stacks(context, outcome.attempts[-1])
     metadata = {"attempts": dg.MetadataValue.json([{"attempt": a.id.name, **a.to_metrics()} for a in outcome.attempts])}
     if outcome.last_good_checkpoint:
         metadata["last_good_checkpoint"] = outcome.last_good_checkpoint
@@ -129,6 +134,26 @@ def training_failure(context: dg.OpExecutionContext, spec: PipelineSpec, outcome
                                       f"same way): {outcome.message}", metadata=metadata, allow_retries=False)
     return dg.Failure(description=f"training {spec.name!r} failed: {outcome.message}; a retry resumes from the last "
                                   "checkpoint", metadata=metadata, allow_retries=True)
+
+
+def log_attempts(context: dg.OpExecutionContext, attempts: Sequence[Attempt]) -> None:
+    """A warning for each attempt that did not complete (torchrun restarted it, or it failed),
+    naming why, then the stacks of any hang that ended it."""
+    for attempt in attempts:
+        if attempt.ended == "completed":
+            continue
+        context.log.warning(f"attempt {attempt.id.name} {attempt.ended}: {attempt.reason or 'no reason recorded'}")
+        log_hang_stacks(context, attempt)
+
+
+def log_hang_stacks(context: dg.OpExecutionContext, attempt: Attempt) -> None:
+    """The Python stacks each rank's hang watchdog took when it fired in ``attempt`` (its failure
+    records carry them, cut to each thread's innermost frames), as a warning in the run's event
+    log: the UI's user sees what every thread was doing without opening the rank logs."""
+    for failure in attempt.failures:
+        if failure.get("cause") == "hang" and failure.get("stacks"):
+            context.log.warning(f"hang in attempt {attempt.id.name}: stacks of rank {failure.get('rank')} when its "
+                                f"watchdog fired (the whole dump is in that rank's log):\n{failure['stacks']}")
 
 
 def training_result_from(output_dir: Path, *, logs: KeptLogs | None = None,

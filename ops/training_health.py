@@ -3,10 +3,11 @@ training (non-finite loss, loss spikes, stragglers, data stalls, GPU health, han
 
 It reads the ``detections`` list of the run's metrics.json, committed beside the weights: those of
 every attempt, a restarted or retried one's too (each names its ``attempt``, an index into
-metrics.json's ``attempts``). Its
-severity is WARN and it does not block: a run whose guards only warned still evaluates and may
-register its model; the warnings stay on the checkpoint's Checks tab. (Guards whose severity is
-"error" stop the training itself, so no checkpoint reaches this check.)
+metrics.json's ``attempts``), and how each attempt ended. A fault the training recovered from (a
+hang or a killed worker in an attempt torchrun restarted) and guards that only warned fail it
+with severity WARN: the UI shows a warning, the fault named first. A fault in the attempt that
+produced the weights is an ERROR. It never blocks: the model still evaluates and may register;
+the findings stay on the checkpoint's Checks tab.
 """
 
 
@@ -44,9 +45,27 @@ def detections_table(detections: list[dict], *, attempts: bool = False) -> str:
     return "\n".join(rows)
 
 
+def _named(detection: dict) -> str:
+    return (f"{detection.get('detector', 'unknown')} at step {detection.get('step')}"
+            + (f" on rank {detection['rank']}" if detection.get("rank") is not None else "")
+            + f": {detection.get('message', '')}")
+
+
+def _fault(index: int, attempt: dict, detections: list[dict]) -> str:
+    """What ended attempt ``index`` (1-based): its error-severity detection (a hang, a
+    non-finite stop) when one fired, else its recorded reason (a killed worker)."""
+    fired = [d for d in detections if d.get("attempt") == index and d.get("severity") == "error"]
+    what = _named(fired[0]) if fired else (attempt.get("reason") or "no reason recorded")
+    return f"attempt {index} {attempt.get('ended', 'failed')} ({what})"
+
+
 def training_health_result(metrics: dict) -> dg.AssetCheckResult:
-    """Passes when the training's metrics list no detection; otherwise fails as a warning that
-    lists them (detector, step, rank, message), with a count per detector."""
+    """Passes when the training's metrics list no detection and every attempt but the last
+    completed. A fault the training recovered from (an attempt torchrun restarted, or a failed
+    launch a retry resumed) is a warning that names it first; guards that only warned are a
+    warning listing them (detector, step, rank, message), with a count per detector; a fault in
+    the attempt that produced the weights (an error-severity detection, or an attempt that did
+    not complete) is an error."""
     detections = [d for d in metrics.get("detections") or [] if isinstance(d, dict)]
     attempts = [a for a in metrics.get("attempts") or [] if isinstance(a, dict)]
     counts = Counter(str(d.get("detector", "unknown")) for d in detections)
@@ -54,18 +73,31 @@ def training_health_result(metrics: dict) -> dg.AssetCheckResult:
                       **{f"detections_{name}": n for name, n in sorted(counts.items())}}
     if attempts:
         metadata["attempts"] = len(attempts)
-    if not detections:
+    ended = [(i, a) for i, a in enumerate(attempts, 1) if a.get("ended") != "completed"]
+    last = len(attempts)
+    final_fault = (any(i == last for i, _ in ended)
+                   or any(d.get("severity") == "error" and d.get("attempt", last) == last for d in detections))
+    recovered = [_fault(i, a, detections) for i, a in ended if i != last]
+    if recovered:
+        metadata["recovered_faults"] = len(recovered)
+    if not detections and not ended:
         return dg.AssetCheckResult(passed=True, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
                                    description="no guard fired during the training")
-    metadata["detected"] = dg.MetadataValue.md(detections_table(detections, attempts=len(attempts) > 1))
-    named = [f"{d.get('detector', 'unknown')} at step {d.get('step')}"
-             + (f" on rank {d['rank']}" if d.get("rank") is not None else "") + f": {d.get('message', '')}"
-             for d in detections[:DESCRIBED]]
-    more = f" (and {len(detections) - DESCRIBED} more)" if len(detections) > DESCRIBED else ""
-    if len(attempts) > 1:
-        more += f", over {len(attempts)} attempts"
-    return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
-                               description=(f"{len(detections)} detection(s): " + "; ".join(named) + more)[:1000])
+    if detections:
+        metadata["detected"] = dg.MetadataValue.md(detections_table(detections, attempts=len(attempts) > 1))
+    parts = []
+    if recovered:
+        parts.append(f"recovered from {len(recovered)} fault(s): " + "; ".join(recovered)
+                     + f"; attempt {last} completed")
+    if detections:
+        shown = [_named(d) for d in detections[:DESCRIBED]]
+        more = f" (and {len(detections) - DESCRIBED} more)" if len(detections) > DESCRIBED else ""
+        if len(attempts) > 1:
+            more += f", over {len(attempts)} attempts"
+        parts.append(f"{len(detections)} detection(s): " + "; ".join(shown) + more)
+    severity = dg.AssetCheckSeverity.ERROR if final_fault else dg.AssetCheckSeverity.WARN
+    return dg.AssetCheckResult(passed=False, severity=severity, metadata=metadata,
+                               description=". ".join(parts)[:1000])
 
 
 def checkpoint_metrics_path(checkpoint: dict) -> str:

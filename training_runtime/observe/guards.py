@@ -18,6 +18,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -237,6 +238,31 @@ def kill_stopped_siblings() -> list[int]:
     return killed
 
 
+STACK_CHARS = 6000  # of a hang's stacks kept in its record: the innermost frames of each thread
+
+
+def thread_stacks(skip: int | None = None, limit: int = STACK_CHARS) -> str:
+    """Every thread's Python stack but ``skip``'s (an ident: the watchdog's own), main thread first,
+    each cut to its innermost frames so that all threads fit in ``limit`` characters."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    frames = sorted(((ident, frame) for ident, frame in sys._current_frames().items() if ident != skip),
+                    key=lambda item: item[0] != threading.main_thread().ident)
+    if not frames:
+        return ""
+    share = max(400, limit // len(frames))
+    parts = []
+    for ident, frame in frames:
+        lines = traceback.format_stack(frame)
+        text, kept = "", 0
+        for line in reversed(lines):  # innermost first, then outward while it fits
+            if len(text) + len(line) > share:
+                break
+            text, kept = line + text, kept + 1
+        cut = f"  ... {len(lines) - kept} outer frame(s) left out\n" if kept < len(lines) else ""
+        parts.append(f"Thread {names.get(ident, ident)!s} (most recent call last):\n{cut}{text}")
+    return "".join(parts)[:limit]
+
+
 class HangWatchdog:
     """Fails this rank when no training step finishes for ``timeout_s``: every thread's Python
     stack goes to stderr (faulthandler), a detection is reported, and the process exits, so
@@ -257,6 +283,7 @@ class HangWatchdog:
         self.stop_event = threading.Event()
         self.thread: threading.Thread | None = None
         self.fired: Detection | None = None
+        self.stacks: str | None = None  # every other thread's Python stack when it fired
 
     def start(self) -> None:
         if self.timeout_s is None or self.thread is not None:
@@ -303,6 +330,9 @@ class HangWatchdog:
                 continue
             print(f"[rank{self.rank}] {detection.message}", file=sys.stderr, flush=True)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            # The same stacks as text for the attempt's records, which the orchestrator shows in
+            # the run's event log (stderr reaches only the rank's log file).
+            self.stacks = thread_stacks(skip=threading.get_ident())
             if self.on_hang is not None:
                 self._report(detection)
             for pid in kill_stopped_siblings():

@@ -77,9 +77,11 @@ class Guards:
             self.reporter.custom({"kind": "detection", **found.to_dict()})
         if self.attempt_log is not None:
             self.attempt_log.add_detection(found.to_dict())
+            # With this rank's stacks as the watchdog took them: the orchestrator shows them in
+            # the run's event log, where stderr does not reach.
             self.attempt_log.add_failure({"kind": RETRYABLE, "cause": "hang", "exception": None, "step": found.step,
                                           "message": found.message, "detection": found.to_dict(),
-                                          "last_good_checkpoint": None})
+                                          "last_good_checkpoint": None, "stacks": self.watchdog.stacks})
 
     # ------------------------------------------------------------ where ranks run
     def locate(self, gpu_name: str | None) -> None:
