@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipelines.cli.errors import UsageError
+from pipelines.cli.errors import UsageError, execute_for_cli, failure_lines
 from pipelines.cli.render import DIFF_MARK, format_value, table
 from pipelines.profiles import Profile
 
@@ -49,13 +49,11 @@ def train_command(args: argparse.Namespace) -> int:
           + (" (no sweep)" if args.no_sweep else f" (sweep: {spec.sweep.describe()})" if spec.sweep else ""))
     with dagster_instance() as instance:
         job_name, selection = training_target(spec, instance)
-        result = defs.resolve_job_def(job_name).execute_in_process(
-            instance=instance, raise_on_error=False, tags=tags, asset_selection=selection,
+        result = execute_for_cli(
+            defs.resolve_job_def(job_name), instance=instance, raise_on_error=False, tags=tags, asset_selection=selection,
             run_config=training_run_config(spec.name, overrides, False if args.no_sweep else None))
     if not result.success:
-        for event in result.all_events:
-            if event.is_failure:
-                print(f"FAILED {event.step_key}: {event.event_specific_data.error.message.strip()}", file=sys.stderr)
+        print("\n".join(failure_lines(result)), file=sys.stderr)
         return 1
     print(f"Run {result.run_id} succeeded.\n")
     return print_lineage(profile, spec.name, None, as_json=False)
