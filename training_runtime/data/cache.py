@@ -444,8 +444,9 @@ class ShardCache:
             names = ", ".join(r.name for r in refs[:8]) + (" ..." if len(refs) > 8 else "")
             raise CacheFullError(
                 f"one load reads {len(refs)} shards ({names}) of {total} bytes together, more than this rank's share "
-                f"of data.cache_limit ({self.limit} bytes in {self.dir}); raise data.cache_limit, load fewer batches "
-                "at once, or use a sample order that reads fewer shards per batch")
+                f"of data.cache_limit ({self.limit} bytes in {self.dir}); raise data.cache_limit (a rank needs room for "
+                "the shards one batch reads, about data.shuffle_block of them, plus data.read_ahead more), or lower "
+                "data.shuffle_block")
         with self._cond:
             if any(r.sha256 not in self._entries for r in refs):
                 self.register(refs)
