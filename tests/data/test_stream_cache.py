@@ -319,3 +319,42 @@ def test_the_next_epochs_schedule_keeps_its_first_shards_from_eviction_order(tmp
     cache.done(one, [0, 1])
     assert cache._next_use(key[0]) == (two.seq, 1) and cache._next_use(key[1]) is None
     cache.close()
+
+
+def test_a_connection_cut_mid_body_resumes_with_a_range_request_for_the_missing_bytes(tmp_path):
+    from urllib3.exceptions import ProtocolError
+
+    manifest, locations = make_dataset(tmp_path / "src", n_train=40, per_shard=20)
+    entry = manifest["splits"]["train"]["shards"][0]
+    data = (tmp_path / "src" / entry["path"]).read_bytes()
+    asked = []
+
+    class Body:
+        def __init__(self, part: bytes, cut: bool):
+            self.part, self.cut = part, cut
+
+        def iter_chunks(self, size):
+            yield self.part[:len(self.part) // 2]
+            if self.cut:
+                raise ProtocolError("Connection broken: IncompleteRead")
+            yield self.part[len(self.part) // 2:]
+
+        def close(self):
+            pass
+
+    class Cutting(cache_mod.S3Fetcher):
+        def client(self):
+            class Client:
+                def get_object(self, Bucket, Key, Range=None):
+                    asked.append(Range)
+                    start = int(Range.removeprefix("bytes=").rstrip("-")) if Range else 0
+                    return {"Body": Body(data[start:], cut=len(asked) == 1)}
+            return Client()
+
+    cache = ShardCache(tmp_path / "cache", 10**9, 0, fetcher=Cutting("http://store.test", backoff_s=(0,)))
+    split = open_streaming_split(manifest, shard_refs(manifest, s3_locations(locations), "train"), "train", cache)
+    local = open_split(manifest, resolve_shards(manifest, locations, "train", None), "train")
+    np.testing.assert_array_equal(split.gather(np.arange(20))["features"], local.gather(np.arange(20))["features"])
+    assert asked == [None, f"bytes={len(data) // 2}-"]
+    assert cache.stats.bytes_fetched == len(data)
+    cache.close()
