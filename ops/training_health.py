@@ -4,10 +4,11 @@ training (non-finite loss, loss spikes, stragglers, data stalls, GPU health, han
 It reads the ``detections`` list of the run's metrics.json, committed beside the weights: those of
 every attempt, a restarted or retried one's too (each names its ``attempt``, an index into
 metrics.json's ``attempts``), and how each attempt ended. A fault the training recovered from (a
-hang or a killed worker in an attempt torchrun restarted) and guards that only warned fail it
-with severity WARN: the UI shows a warning, the fault named first. A fault in the attempt that
-produced the weights is an ERROR. It never blocks: the model still evaluates and may register;
-the findings stay on the checkpoint's Checks tab.
+hang or a killed worker in an attempt torchrun restarted) passes it, named first in its
+description and logged as a warning; guards that warned in the attempts that made the weights
+fail it with severity WARN (the UI shows a warning). A fault in the attempt that produced the
+weights is an ERROR. It never blocks: the model still evaluates and may register; the findings
+stay on the checkpoint's Checks tab.
 """
 
 
@@ -61,11 +62,13 @@ def _fault(index: int, attempt: dict, detections: list[dict]) -> str:
 
 def training_health_result(metrics: dict) -> dg.AssetCheckResult:
     """Passes when the training's metrics list no detection and every attempt but the last
-    completed. A fault the training recovered from (an attempt torchrun restarted, or a failed
-    launch a retry resumed) is a warning that names it first; guards that only warned are a
-    warning listing them (detector, step, rank, message), with a count per detector; a fault in
-    the attempt that produced the weights (an error-severity detection, or an attempt that did
-    not complete) is an error."""
+    completed, and when the training recovered from every fault it met (an attempt torchrun
+    restarted, a failed launch a retry resumed): the description then names the faults first,
+    and the check's step logs them as a warning (``build_training_health_check``). Guards that
+    warned in the attempts that made the weights fail it as a warning listing them (detector,
+    step, rank, message), with a count per detector; a fault in the attempt that produced the
+    weights (an error-severity detection, or an attempt that did not complete) fails it as an
+    error."""
     detections = [d for d in metrics.get("detections") or [] if isinstance(d, dict)]
     attempts = [a for a in metrics.get("attempts") or [] if isinstance(a, dict)]
     counts = Counter(str(d.get("detector", "unknown")) for d in detections)
@@ -77,7 +80,10 @@ def training_health_result(metrics: dict) -> dg.AssetCheckResult:
     last = len(attempts)
     final_fault = (any(i == last for i, _ in ended)
                    or any(d.get("severity") == "error" and d.get("attempt", last) == last for d in detections))
-    recovered = [_fault(i, a, detections) for i, a in ended if i != last]
+    recovered_from = {i for i, _ in ended if i != last}
+    recovered = [_fault(i, a, detections) for i, a in ended if i in recovered_from]
+    # Detections of an attempt the training recovered from are that fault's; others are findings.
+    findings = [d for d in detections if d.get("attempt") not in recovered_from]
     if recovered:
         metadata["recovered_faults"] = len(recovered)
     if not detections and not ended:
@@ -96,7 +102,7 @@ def training_health_result(metrics: dict) -> dg.AssetCheckResult:
             more += f", over {len(attempts)} attempts"
         parts.append(f"{len(detections)} detection(s): " + "; ".join(shown) + more)
     severity = dg.AssetCheckSeverity.ERROR if final_fault else dg.AssetCheckSeverity.WARN
-    return dg.AssetCheckResult(passed=False, severity=severity, metadata=metadata,
+    return dg.AssetCheckResult(passed=not (final_fault or findings), severity=severity, metadata=metadata,
                                description=". ".join(parts)[:1000])
 
 
@@ -110,8 +116,12 @@ def build_training_health_check(checkpoint_key: dg.AssetKey) -> dg.AssetChecksDe
     @dg.asset_check(asset=checkpoint_key, name=CHECK_NAME, blocking=False,
                     description="Warns with what the training's guards detected: non-finite values, loss "
                                 "spikes, stragglers, data stalls, GPU health. Non-blocking.")
-    def training_health(checkpoint: dict, store: VersionedStoreResource) -> dg.AssetCheckResult:
+    def training_health(context: dg.AssetCheckExecutionContext, checkpoint: dict,
+                        store: VersionedStoreResource) -> dg.AssetCheckResult:
         raw = store.get().get_object(checkpoint["commit_id"], checkpoint_metrics_path(checkpoint))
-        return training_health_result(json.loads(raw))
+        result = training_health_result(json.loads(raw))
+        if "recovered_faults" in result.metadata:  # a warning in the run's log, though the check may pass
+            context.log.warning(f"{CHECK_NAME}: {result.description}")
+        return result
 
     return training_health
