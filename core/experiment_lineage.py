@@ -22,9 +22,14 @@ def sweep_summary(sweep: Mapping[str, Any]) -> str:
     """``trial 3 of 6 (best validation loss 0.1234; 4 complete, 2 pruned, 0 failed), study wine-...``."""
     value = sweep.get("best_value")
     shown = f"{value:.4g}" if isinstance(value, (int, float)) else value
+    # A run that resumed the sweep (ops/sweep.py: a retry after its run worker died) says so.
+    resumed = [r for r in sweep.get("runs") or [] if r.get("parent_run_id") or r.get("cut_off_trials")]
     return (f"trial {sweep.get('best_trial')} of {sweep.get('trials')} (best validation {sweep.get('objective')} "
             f"{shown}, {sweep.get('direction')}; {sweep.get('complete')} complete, {sweep.get('pruned')} pruned, "
-            f"{sweep.get('failed')} failed), study {sweep.get('study')}")
+            f"{sweep.get('failed')} failed), study {sweep.get('study')}" + "".join(
+                f"; resumed by run {r.get('run_id')}, a retry of run {r.get('parent_run_id')}"
+                + (f" whose run worker died ({r['parent_ended']})" if r.get("parent_ended") else "")
+                + f", trials cut off: {', '.join(map(str, r.get('cut_off_trials') or [])) or 'none'}" for r in resumed))
 
 
 def trial_line(trial: Mapping[str, Any]) -> str:
@@ -34,7 +39,11 @@ def trial_line(trial: Mapping[str, Any]) -> str:
     if state == "pruned" and trial.get("pruned_step") is not None:
         state = f"pruned at step {trial['pruned_step']}"
     value = "" if trial.get("value") is None else f" value {_value(trial['value'])}"
-    return f"#{trial.get('number')} {state}{value} ({trial.get('validations')} validations)  {params}"
+    notes = [f"{trial['attempts']} launches"] if (trial.get("attempts") or 1) > 1 else []
+    notes += ["resumed after a kill"] if trial.get("resumed") else []
+    how = "".join(f", {n}" for n in notes)
+    logs = f"  logs {trial['logs_uri']}" if trial.get("logs_uri") else ""
+    return f"#{trial.get('number')} {state}{value} ({trial.get('validations')} validations{how})  {params}{logs}"
 
 
 def _value(v: Any) -> str:

@@ -15,9 +15,10 @@ from resources.launch.base import TrainingJob, TrainingLauncher
 from resources.launch.rank_logs import log_files
 
 
-def rank_logs_prefix(run_id: str, producer: str) -> str:
-    """The artifact key folder of one step's worker logs."""
-    return f"runs/{run_id}/{producer}/logs"
+def rank_logs_prefix(run_id: str, producer: str, folder: str | None = None) -> str:
+    """The artifact key folder of one step's worker logs; ``folder``: one training's of several in
+    the step (a sweep trial's, ``trial-003``), whose launches are numbered from 0 as every other's."""
+    return f"runs/{run_id}/{producer}/logs" + (f"/{folder}" if folder else "")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class KeptLogs:
 
 def keep_rank_logs(
     context: dg.AssetExecutionContext | dg.OpExecutionContext, artifacts: ArtifactStore,
-    launcher: TrainingLauncher, job: TrainingJob,
+    launcher: TrainingLauncher, job: TrainingJob, *, folder: str | None = None,
 ) -> KeptLogs:
     """Upload every file under ``launcher.log_dir(job)`` (all launches of the job so far: a retry
     also re-sends what a killed predecessor could not) and name where in the run's log.
@@ -47,7 +48,7 @@ def keep_rank_logs(
     Meant for a ``finally`` after ``launcher.launch``: an upload that fails is a warning, never an
     exception that would hide the training's own error."""
     files = log_files(launcher.log_dir(job))
-    prefix = rank_logs_prefix(context.run_id, _producer(context))
+    prefix = rank_logs_prefix(context.run_id, _producer(context), folder)
     kept: dict[str, str] = {}
     failed: list[str] = []
     for name, path in files.items():

@@ -9,9 +9,14 @@ state and pruned step) travels with the checkpoint into the version's lineage.
 
 The study lives in the platform's database, beside the Dagster instance's own storage: SQLite
 next to a local instance, a schema of its own ("optuna") in the PostgreSQL of a production one.
-Its name is the pipeline and the root run: a retry of a killed run resumes the same study.
+Its name is the pipeline and the root run: a retry of a killed run resumes the same study. The
+retry says so in its log and in the killed run's: the run worker died, and this run resumes the
+sweep from its study and its trials' checkpoints. The study keeps every run that ran the sweep
+(``runs``), and the lineage shows them.
 """
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,7 +25,9 @@ import dagster as dg
 from core.overrides import apply_overrides
 from core.spec import PipelineSpec
 from core.sweep import direction_of, objective_metric
+from ops.rank_logs import KeptLogs
 from ops.sweep_trials import SweepResult, SweepRunner, TrialPlan, TrialRecord, open_study, trial_overrides
+from resources.launch.durable_messages import catch_up
 from resources.gpu_pool import gpu_units
 
 OPTUNA_SCHEMA = "optuna"  # Optuna's tables (and its alembic_version) kept apart from Dagster's
@@ -51,10 +58,13 @@ def study_name(model: str, root_run: str) -> str:
 
 
 def run_sweep(context: dg.OpExecutionContext, spec: PipelineSpec, work_dir: Path, root_run: str, *,
-              train: Callable[..., Any], result_from: Callable[[Path], Any]) -> tuple[Any, SweepResult]:
+              train: Callable[..., Any], result_from: Callable[[Path], Any],
+              keep_logs: Callable[[Path], KeptLogs] | None = None) -> tuple[Any, SweepResult]:
     """Run the sweep of ``spec`` (already carrying the run's overrides); return the best trial's
-    training result and the sweep's result. ``train(spec, folder, validation_files=, label=)`` runs
-    one training (ops/training.py), ``result_from(output_dir)`` reads one a finished training left."""
+    training result and the sweep's result. ``train(spec, folder, validation_files=, label=,
+    logs_folder=)`` runs one training (ops/training.py), ``result_from(output_dir)`` reads one a
+    finished training left, ``keep_logs(folder)`` keeps (again) the worker logs of a trial's
+    launches so far, under its own folder of this run's logs."""
     sweep = spec.sweep
     objective, direction = objective_metric(spec), direction_of(spec)
     study = open_study(sweep_storage_url(context.instance), study_name(spec.name, root_run), sweep, direction)
@@ -62,6 +72,7 @@ def run_sweep(context: dg.OpExecutionContext, spec: PipelineSpec, work_dir: Path
     study.set_user_attr("run_id", context.run_id)
     study.set_user_attr("space", {k: d.describe() for k, d in sweep.space.items()})
     context.log.info(f"sweep {study.study_name}: {sweep.describe()}; {direction} validation {objective}")
+    _record_run(context, study)
     step = context.asset_key.to_user_string()
     results: dict[int, Any] = {}
 
@@ -69,13 +80,17 @@ def run_sweep(context: dg.OpExecutionContext, spec: PipelineSpec, work_dir: Path
         trial_spec = apply_overrides(spec, trial_overrides(plan.params, objective, direction))
         with gpu_units(context.instance, context.run_id, f"{step}/trial-{plan.number}", trial_spec.gpus,
                        log=context.log):
+            # Each trial keeps its workers' logs in a folder of its own: parallel trials' launches
+            # are all launch_0, and under one folder they overwrote each other.
             result = train(trial_spec, plan.folder, validation_files=(plan.report_file, plan.stop_file),
-                           label=f"trial {plan.number}")
+                           label=f"trial {plan.number}", logs_folder=plan.folder.name)
         results[plan.number] = result
+        plan.logs_uri = result.logs.uri if result.logs else None
         return result.metrics
 
     runner = SweepRunner(sweep, study, objective=objective, trial_root=work_dir / "trials", launch=launch,
-                         log=context.log.info, on_change=lambda records: _observe(context, records, objective))
+                         log=context.log.info, on_change=lambda records: _observe(context, records, objective),
+                         run_id=context.run_id, recover=lambda plan: _recover(context, plan, keep_logs))
     outcome = runner.run()
     if outcome.best is None:
         # Each failed trial's own first line: the step's error must say why (a NaN, the store
@@ -88,9 +103,65 @@ def run_sweep(context: dg.OpExecutionContext, spec: PipelineSpec, work_dir: Path
     best = results.get(outcome.best.number)
     if best is None:  # finished by an earlier attempt of the sweep: its outputs are on the volume
         best = result_from(Path(outcome.best.folder) / "output")
+        if getattr(best, "logs", None) is None and outcome.best.logs_uri:  # kept by the run that trained it
+            best = dataclasses.replace(best, logs=KeptLogs(uri=outcome.best.logs_uri, files={}))
     context.log.info(f"sweep {study.study_name}: best trial {outcome.best.number} ({objective} "
                      f"{outcome.best.value:.4g}) with {outcome.best.params}")
     return best, outcome
+
+
+def _recover(context: dg.OpExecutionContext, plan: TrialPlan, keep_logs: Callable[[Path], KeptLogs] | None) -> None:
+    """A trial cut off by a killed attempt: report the messages its launches wrote that the dead
+    run worker never read, and keep its workers' logs (the killed run may not have)."""
+    catch_up(context, plan.folder)
+    if keep_logs is not None:
+        plan.logs_uri = keep_logs(plan.folder).uri
+
+
+def _record_run(context: dg.OpExecutionContext, study: Any) -> None:
+    """Keep this run in the study's ``runs``; when trials were cut off by an earlier attempt, say
+    why in this run's log (and in the killed run's): its run worker died, and this run resumes."""
+    import optuna
+
+    cut_off = [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+    finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    parent = context.run.parent_run_id
+    entry = {"run_id": context.run_id, "parent_run_id": parent, "cut_off_trials": cut_off}
+    if cut_off or finished:
+        death = worker_death(context.instance, parent) if parent else None
+        entry["parent_ended"] = death
+        where = f"run {parent}" if parent else "an earlier attempt of this step"
+        why = (f"{where} ended when its run worker died ({death})" if death
+               else f"{where} ended before the sweep did")
+        context.log.warning(f"{why}; this run, its {'automatic retry' if parent else 'retry'}, resumes the sweep "
+                            f"{study.study_name} from its study and its trials' checkpoints: {finished} trial(s) "
+                            f"finished, trial(s) {', '.join(map(str, cut_off)) or 'none'} cut off, each read from "
+                            "what it wrote or resumed from its checkpoints")
+        if parent and death:
+            parent_run = context.instance.get_run_by_id(parent)
+            if parent_run is not None:
+                context.instance.report_engine_event(
+                    f"The run worker died ({death}). The platform's automatic retry, run {context.run_id}, resumes "
+                    f"the sweep {study.study_name} from its study and its trials' checkpoints.", parent_run)
+    study.set_user_attr("runs", [*study.user_attrs.get("runs", []), entry])
+
+
+# What Dagster writes when a run's worker process is gone: the code server's "Run execution process
+# for <run> was terminated by signal 9 (SIGKILL)" (followed by a guess about memory), and the run
+# monitor's, from the platform's launcher (resources/run_launcher.py).
+_DEATHS = (re.compile(r"run worker process \d+ is gone \(killed or crashed\)"),
+           re.compile(r"(?<=process for )\S+ (was terminated by signal \d+ \(\w+\)|unexpectedly exited with code -?\d+)"))
+
+
+def worker_death(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """How run ``run_id``'s run worker died, in Dagster's words, or None when its log says no such
+    thing (it failed in a step, or was cancelled)."""
+    kinds = {dg.DagsterEventType.ENGINE_EVENT, dg.DagsterEventType.RUN_FAILURE}
+    for entry in instance.all_logs(run_id, of_type=kinds):
+        for pattern in _DEATHS:
+            if match := pattern.search(entry.message or ""):
+                return match.group(0) if match.lastindex is None else f"its process {match.group(1)}"
+    return None
 
 
 def _observe(context: dg.OpExecutionContext, records: list[TrialRecord], objective: str) -> None:
@@ -125,8 +196,9 @@ def _short(value: Any) -> str:
 
 
 def sweep_record(outcome: SweepResult) -> dict:
-    """What the checkpoint value (and so the lineage) keeps of the sweep."""
-    return {**outcome.summary(), "records": [r.to_dict() for r in outcome.records]}
+    """What the checkpoint value (and so the lineage) keeps of the sweep, with every run that ran it
+    (a killed run's retry names the run it resumed and the trials it found cut off)."""
+    return {**outcome.summary(), "records": [r.to_dict() for r in outcome.records], "runs": outcome.runs}
 
 
 def sweep_metadata(outcome: SweepResult, model: str) -> dict:

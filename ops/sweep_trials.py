@@ -13,7 +13,11 @@ training platform needs and Optuna's own ``study.optimize`` cannot give:
 - a crashed trial is restarted ``retries`` times, resuming its own checkpoints, then counted as
   failed, and the sweep goes on;
 - the study lives in a database, and a trial still RUNNING there when the sweep starts was cut
-  off by a kill of the sweep: it resumes from its folder, and finished trials never run again.
+  off by a kill of the sweep. Its outcome is read from what its training wrote: a trial whose
+  training had ended (its metrics.json) is told as it ended, pruned or complete, and never
+  launched again (a relaunch would train 0 steps and overwrite its record); any other resumes
+  from its checkpoints. Finished trials never run again. Each trial's launches are counted
+  across the attempts of the sweep, and the runs that launched it are kept.
 
 Nothing here imports Dagster: the op (ops/sweep.py) hands in how a trial is launched.
 """
@@ -43,10 +47,16 @@ class TrialPlan:
     params: dict[str, Any]
     folder: Path
     resumed: bool = False  # cut off by a kill of an earlier attempt of the sweep; resumes its checkpoints
+    logs_uri: str | None = None  # where its launch kept the workers' logs (set by ``launch``)
 
     @property
     def report_file(self) -> Path:
         return self.folder / "validations.jsonl"
+
+    @property
+    def metrics_file(self) -> Path:
+        """What the trial's training writes when it ends (the runtime's metrics.json), pruned or not."""
+        return self.folder / "output" / "metrics.json"
 
     @property
     def stop_file(self) -> Path:
@@ -65,10 +75,14 @@ class TrialRecord:
     validations: int = 0
     pruned_step: int | None = None  # the training step it stopped at, when pruned
     steps: int | None = None
-    attempts: int = 1
+    attempts: int = 1  # launches of its training, over every attempt of the sweep
     wall_s: float | None = None
     error: str | None = None
     folder: str = ""
+    # Cut off by a kill of an earlier attempt of the sweep, and finished by a later one.
+    resumed: bool = False
+    runs: list = field(default_factory=list)  # the runs that launched it or read its outcome, in order
+    logs_uri: str | None = None  # its workers' logs in the artifact store (one folder per trial)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +101,7 @@ class _Running:
     prune_requested_at: int | None = None
     reported: set = field(default_factory=set)  # validation numbers Optuna already holds
     values: list = field(default_factory=list)  # the objective at each validation read
+    earlier_attempts: int = 0  # launches by earlier attempts of the sweep (a killed run's)
 
 
 @dataclass
@@ -96,6 +111,7 @@ class SweepResult:
     study_name: str
     direction: str
     objective: str
+    runs: list = field(default_factory=list)  # the study's ``runs``: each run that ran the sweep (ops/sweep.py)
 
     def summary(self) -> dict[str, Any]:
         states = [r.state for r in self.records]
@@ -176,10 +192,15 @@ class SweepRunner:
 
     def __init__(self, sweep: Sweep, study: Any, *, objective: str, trial_root: Path,
                  launch: Callable[[TrialPlan], dict[str, Any]], log: Callable[[str], None] = print,
-                 poll_s: float = 0.5, on_change: Callable[[list[TrialRecord]], None] | None = None):
+                 poll_s: float = 0.5, on_change: Callable[[list[TrialRecord]], None] | None = None,
+                 run_id: str = "", recover: Callable[[TrialPlan], None] | None = None):
+        """``run_id`` names this attempt of the sweep in each trial's ``runs``; ``recover(plan)`` is
+        called for each trial cut off by an earlier attempt before its outcome is decided (the op
+        reports there the messages the killed attempt had not read, and keeps the logs of a trial
+        whose training had ended, setting ``plan.logs_uri``)."""
         self.sweep, self.study, self.objective = sweep, study, objective
         self.trial_root, self.launch, self.log, self.poll_s = Path(trial_root), launch, log, poll_s
-        self.on_change = on_change
+        self.on_change, self.run_id, self.recover = on_change, run_id, recover
         self.distributions = distributions(sweep)
 
     # ------------------------------------------------------------ the loop
@@ -192,26 +213,40 @@ class SweepRunner:
         # Cut off by a kill of an earlier attempt: resume them first, under their own numbers.
         resume = [self._resumed(t) for t in trials if t.state == states.RUNNING]
         reported = {t.number: set(t.intermediate_values) for t in trials}
+        attrs = {t.number: dict(t.user_attrs) for t in trials}
         budget = self.sweep.trials - finished - len(resume)
         if finished or resume:
             self.log(f"sweep {self.study.study_name}: {finished} trial(s) already finished, resuming {len(resume)}, "
                      f"{max(0, budget)} to start")
+        # A cut-off trial whose training had ended is told from what it wrote, before any launch.
+        relaunch = []
+        for trial in resume:
+            r = self._running(trial, True, reported, attrs)
+            if self.recover is not None:
+                self.recover(r.plan)
+            metrics = read_metrics(r.plan.metrics_file)
+            if metrics is None:
+                relaunch.append(r)
+                continue
+            self.log(f"trial {r.plan.number} had ended before the kill ({r.plan.metrics_file}); its outcome is read "
+                     "from what it wrote, and it is not launched again")
+            self._watch(r, judge=False)
+            self._conclude(r, metrics, 0, None)
+            self._changed()
         running: dict[Future, _Running] = {}
         with ThreadPoolExecutor(max_workers=self.sweep.parallelism, thread_name_prefix="trial") as pool:
             while True:
-                while len(running) < self.sweep.parallelism and (resume or budget > 0):
-                    if resume:
-                        trial, resumed = resume.pop(0), True
+                while len(running) < self.sweep.parallelism and (relaunch or budget > 0):
+                    if relaunch:
+                        r = relaunch.pop(0)
                     else:
-                        trial, resumed = self.study.ask(self.distributions), False
+                        r = self._running(self.study.ask(self.distributions), False, reported, attrs)
                         budget -= 1
-                    plan = TrialPlan(number=trial.number, params=decode_params(trial.params),
-                                     folder=self.trial_root / f"trial-{trial.number:03d}", resumed=resumed)
-                    plan.folder.mkdir(parents=True, exist_ok=True)
-                    trial.set_user_attr("folder", str(plan.folder))
-                    self.log(f"trial {plan.number} {'resumes' if resumed else 'starts'}: {_params_text(plan.params)}")
-                    r = _Running(trial, plan, time.monotonic())
-                    r.reported = reported.get(trial.number, set())
+                    plan = r.plan
+                    r.trial.set_user_attr("attempts", r.earlier_attempts + 1)  # counted before a kill can cut it
+                    self.log(f"trial {plan.number} {'resumes' if plan.resumed else 'starts'}: "
+                             f"{_params_text(plan.params)}")
+                    r.started = time.monotonic()
                     running[pool.submit(self._attempts, plan)] = r
                 if not running:
                     break
@@ -222,6 +257,21 @@ class SweepRunner:
                     self._finish(running.pop(future), future)
                     self._changed()
         return self.result()
+
+    def _running(self, trial: Any, resumed: bool, reported: dict, attrs: dict) -> _Running:
+        """A trial about to be launched or told: its folder, and what earlier attempts left of it."""
+        plan = TrialPlan(number=trial.number, params=decode_params(trial.params),
+                         folder=self.trial_root / f"trial-{trial.number:03d}", resumed=resumed)
+        plan.folder.mkdir(parents=True, exist_ok=True)
+        before = attrs.get(trial.number, {})
+        trial.set_user_attr("folder", str(plan.folder))
+        trial.set_user_attr("runs", [*before.get("runs", []), *([self.run_id] if self.run_id else [])])
+        if resumed:
+            trial.set_user_attr("resumed", True)
+        r = _Running(trial, plan, time.monotonic())
+        r.reported = reported.get(trial.number, set())
+        r.earlier_attempts = int(before.get("attempts", 0))
+        return r
 
     def _resumed(self, frozen: Any):
         """The study's trial ``frozen``, cut off RUNNING, with every parameter of the space.
@@ -246,6 +296,13 @@ class SweepRunner:
                 return self.launch(plan), attempt, None
             except Exception as exc:  # noqa: BLE001 (any failure of a trial is recorded; the sweep goes on)
                 error = f"{type(exc).__name__}: {exc}"
+                metrics = read_metrics(plan.metrics_file)
+                if metrics is not None:
+                    # The training ended and wrote its outcome; what failed came after (a restart
+                    # would train 0 steps and overwrite it).
+                    self.log(f"trial {plan.number}: its training ended ({plan.metrics_file}) before its launch failed "
+                             f"({error.splitlines()[0][:300]}); its outcome is what it wrote")
+                    return metrics, attempt, None
                 if plan.stop_file.exists():
                     return None, attempt, error  # asked to stop: not worth a restart
                 if getattr(exc, "allow_retries", True) is False:
@@ -257,7 +314,9 @@ class SweepRunner:
         return None, self.sweep.retries + 1, error
 
     # ------------------------------------------------------------ pruning
-    def _watch(self, r: _Running) -> None:
+    def _watch(self, r: _Running, judge: bool = True) -> None:
+        """Report the trial's new validations to Optuna; with ``judge``, ask its pruner (not for a
+        trial already ended)."""
         records, r.offset = read_reports(r.plan.report_file, r.offset)
         for record in records:
             value, step = record.get(self.objective), record.get("step")
@@ -270,7 +329,7 @@ class SweepRunner:
             if n not in r.reported:
                 r.trial.report(float(value), n)
                 r.reported.add(n)
-            if r.prune_requested_at is None and r.trial.should_prune():
+            if judge and r.prune_requested_at is None and r.trial.should_prune():
                 r.prune_requested_at = step
                 request_stop(r.plan.stop_file, f"pruned by the sweep's {self.sweep.pruner} pruner after validation "
                                                f"{n} ({self.objective} {value:.4g})")
@@ -278,13 +337,21 @@ class SweepRunner:
                          f"{self.objective} {value:.4g}); it stops at its next validation")
 
     def _finish(self, r: _Running, future: Future) -> None:
-        import optuna
-
         self._watch(r)  # validations written just before the end
         metrics, attempts, error = future.result()
+        r.trial.set_user_attr("wall_s", round(time.monotonic() - r.started, 1))
+        self._conclude(r, metrics, attempts, error)
+
+    def _conclude(self, r: _Running, metrics: dict[str, Any] | None, attempts: int, error: str | None) -> None:
+        """Tell the study how the trial ended: ``metrics`` its training wrote (None when it failed)
+        after ``attempts`` launches by this attempt of the sweep."""
+        import optuna
+
         trial = r.trial
+        attempts = r.earlier_attempts + attempts
         trial.set_user_attr("attempts", attempts)
-        trial.set_user_attr("wall_s", round(time.monotonic() - r.started, 1))
+        if r.plan.logs_uri:
+            trial.set_user_attr("logs_uri", r.plan.logs_uri)
         if metrics is not None:
             trial.set_user_attr("steps", metrics.get("steps"))
         # Pruned when the training says it stopped for the request (metrics "pruned"), or failed after
@@ -342,7 +409,8 @@ class SweepRunner:
         maximize = self.study.direction.name == "MAXIMIZE"
         best = (max if maximize else min)(done, key=lambda r: r.value) if done else None
         return SweepResult(records=records, best=best, study_name=self.study.study_name,
-                           direction="maximize" if maximize else "minimize", objective=self.objective)
+                           direction="maximize" if maximize else "minimize", objective=self.objective,
+                           runs=list(self.study.user_attrs.get("runs", [])))
 
 
 def trial_records(study: Any) -> list[TrialRecord]:
@@ -359,8 +427,20 @@ def trial_records(study: Any) -> list[TrialRecord]:
             number=t.number, params=decode_params(t.params), state=names[t.state], value=t.value,
             last_value=t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None,
             validations=len(t.intermediate_values), pruned_step=a.get("pruned_step"), steps=a.get("steps"),
-            attempts=a.get("attempts", 1), wall_s=a.get("wall_s"), error=a.get("error"), folder=a.get("folder", "")))
+            attempts=a.get("attempts", 1), wall_s=a.get("wall_s"), error=a.get("error"), folder=a.get("folder", ""),
+            resumed=bool(a.get("resumed")), runs=list(a.get("runs", [])), logs_uri=a.get("logs_uri")))
     return out
+
+
+def read_metrics(path: Path) -> dict[str, Any] | None:
+    """The metrics a trial's training wrote when it ended, or None when it has not ended. The
+    runtime writes the file once, at the end, by a rename: a file that is there is whole."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
 
 
 def _objective_value(metrics: dict[str, Any] | None, objective: str) -> float | None:

@@ -85,7 +85,7 @@ class TrainingResult:
 def run_distributed_training(
     context: dg.AssetExecutionContext, spec: PipelineSpec, shards: dict, store: VersionedStore,
     launcher: TrainingLauncher, work_dir: Path, artifacts=None, *,
-    validation_files: tuple[Path, Path] | None = None, label: str = "",
+    validation_files: tuple[Path, Path] | None = None, label: str = "", logs_folder: str | None = None,
 ) -> TrainingResult:
     """Train on the shards at their pinned commit; resumes from ``work_dir``'s checkpoints.
     ``validation_files``: a sweep trial's (report, stop) files (training_runtime/train/trial_channel.py)."""
@@ -112,7 +112,7 @@ def run_distributed_training(
         # would follow the runtime's words in every place Dagster prints the failure.
         raise training_failure(context, spec, outcome) from None
     finally:  # every rank's logs are kept, a failed training's above all
-        logs = keep_rank_logs(context, artifacts, launcher, job) if artifacts is not None else None
+        logs = keep_rank_logs(context, artifacts, launcher, job, folder=logs_folder) if artifacts is not None else None
     # A training that recovered (torchrun restarted its workers) says from what, hang stacks included.
     log_attempts(context, [a for a in read_attempts(attempts_root(checkpoint_dir)) if a.id.launch == config["launch"]])
     telemetry = [m for m in invocation.get_custom_messages() if isinstance(m, dict) and m.get("kind") == "telemetry"]
@@ -264,8 +264,13 @@ def build_training_op(spec: PipelineSpec) -> dg.OpDefinition:
                     return run_distributed_training(context, trial_spec, shards, s, launcher.get(), trial_dir,
                                                     artifacts.get(), **kw)
 
+            def trial_logs(trial_dir: Path) -> KeptLogs:  # a trial's job, named as its launches name it
+                job = training.training_job(run_spec, root_run_id(context),
+                                            {"checkpoint": {"dir": str(trial_dir / "checkpoints")}})
+                return keep_rank_logs(context, artifacts.get(), launcher.get(), job, folder=trial_dir.name)
+
             result, outcome = run_sweep(context, run_spec, work_dir, root_run_id(context), train=train_trial,
-                                        result_from=training_result_from)
+                                        result_from=training_result_from, keep_logs=trial_logs)
             sweep = (sweep_record(outcome), sweep_metadata(outcome, name))
         else:
             with gpu_units(context.instance, context.run_id, context.asset_key.to_user_string(), run_spec.gpus,

@@ -111,6 +111,7 @@ def sweeps_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{"study": s.study_name, "run_id": s.user_attrs.get("run_id"),
                            "direction": s.direction.name.lower(), "space": s.user_attrs.get("space"),
+                           "runs": s.user_attrs.get("runs", []),
                            "trials": [r.to_dict() for r in records]} for s, records in studies],
                          indent=2, sort_keys=True))
         return 0
@@ -129,9 +130,19 @@ def format_sweep(summary, records: list) -> str:
     params = sorted({k for r in records for k in r.params})
     rows = [["*" if best is not None and r.number == best.number else "", str(r.number), r.state,
              format_value(r.value), *(format_value(r.params.get(k)) for k in params), str(r.validations),
-             format_value(r.pruned_step), format_value(r.steps)] for r in records]
-    return "\n".join([head, *table(["", "trial", "state", "value", *params, "validations", "pruned at", "steps"],
-                                   rows)])
+             format_value(r.pruned_step), format_value(r.steps),
+             str(r.attempts) + (" (resumed)" if r.resumed else "")] for r in records]
+    return "\n".join([head, *resumed_lines(summary.user_attrs.get("runs", [])),
+                      *table(["", "trial", "state", "value", *params, "validations", "pruned at", "steps", "launches"],
+                             rows)])
+
+
+def resumed_lines(runs: list) -> list[str]:
+    """A line for each run that resumed the sweep after an earlier one was cut off (ops/sweep.py)."""
+    return [f"  resumed by run {r['run_id']} after run {r.get('parent_run_id') or '(an earlier attempt)'} ended"
+            + (f": its run worker died ({r['parent_ended']})" if r.get("parent_ended") else "")
+            + f"; trials cut off: {', '.join(map(str, r.get('cut_off_trials') or [])) or 'none'}"
+            for r in runs if r.get("parent_run_id") or r.get("cut_off_trials")]
 
 
 def trial_metrics(record) -> dict:

@@ -12,8 +12,9 @@ import dagster as dg
 
 from resources.launch.base import TrainingJob, TrainingLauncher
 from resources.launch.devices import cuda_device_count, host_devices, reserve_devices, visible_devices_env
-from resources.launch.live_telemetry import LiveTempFileMessageReader
+from resources.launch.durable_messages import LiveDurableFileMessageReader, catch_up, messages_file
 from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
+from training_runtime.distributed.allocator import allocator_env
 
 # Per-GPU lock files of the local launches, under the launcher's work root (see devices.py).
 DEVICE_LOCK_DIR = ".gpu-locks"
@@ -82,6 +83,8 @@ def worker_env(job: TrainingJob, devices: Sequence[str], *, extra_env: Mapping[s
         # A worker's stdout is a file under --tee, which Python would block-buffer: lines would
         # reach the console (and the file) kilobytes late, or never when the worker is killed.
         "PYTHONUNBUFFERED": "1",
+        # FSDP's freed buffers leave RSS only with a fixed mmap threshold (read at process start).
+        **allocator_env(job.config, environ),
         **(extra_env or {}),
         **job.env,
         # Last, so nothing above can point two runs at the same GPU.
@@ -126,7 +129,12 @@ class LocalTorchrunLauncher(TrainingLauncher):
             if devices:
                 context.log.info(f"{job.name} trains on GPU(s) {', '.join(devices)} of this machine")
             env = worker_env(job, devices, extra_env=self.extra_env, python_path=self.python_path)
-            client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir),
-                                              message_reader=LiveTempFileMessageReader(context=context))
-            command = torchrun_command(job, config_path, self.python, log_dir=new_launch_dir(self.log_dir(job)))
+            # Messages an earlier launch's dead run worker never read are reported first; this
+            # launch's go to a file beside the checkpoints, so a retry can do the same for it.
+            work_dir = Path(job.config["checkpoint"]["dir"]).parent
+            catch_up(context, work_dir)
+            launch_dir = new_launch_dir(self.log_dir(job))
+            reader = LiveDurableFileMessageReader(messages_file(work_dir, launch_dir.name), context=context)
+            client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir), message_reader=reader)
+            command = torchrun_command(job, config_path, self.python, log_dir=launch_dir)
             return client.run(context=context, command=command)

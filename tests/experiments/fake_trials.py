@@ -22,9 +22,12 @@ def objective(params: dict, k: int) -> float:
 
 
 class FakeLaunches:
-    def __init__(self, delay_s: float = 0.05, crash: dict[int, int] | None = None):
+    def __init__(self, delay_s: float = 0.05, crash: dict[int, int] | None = None, hang_when_pruned: bool = False):
         self.delay_s = delay_s
         self.crash = dict(crash or {})  # trial number -> times its launch raises first
+        # A pruned trial's launch writes its outputs, then never returns: the run worker is killed
+        # after the training ended and before the sweep told the study (the user's case, issue 45).
+        self.hang_when_pruned = hang_when_pruned
         self.lock = threading.Lock()
         self.running = 0
         self.peak = 0
@@ -53,7 +56,10 @@ class FakeLaunches:
                     break
             metrics = {"monitor": "loss", "best_value": best, "steps": step, "pruned_at_step": pruned_at,
                        "pruned": "yes" if pruned_at else None}
-            (Path(plan.folder) / "metrics.json").write_text(json.dumps(metrics))
+            plan.metrics_file.parent.mkdir(parents=True, exist_ok=True)  # where the runtime writes it
+            plan.metrics_file.write_text(json.dumps(metrics))
+            while self.hang_when_pruned and pruned_at:
+                time.sleep(1)
             return metrics
         finally:
             with self.lock:

@@ -107,3 +107,24 @@ def test_sweeps_lists_trials_and_compares_two(tmp_path, monkeypatch, capsys):
     assert cli(home, "sweeps", "digits").stdout.startswith("model 'digits' has no sweeps")
     bad = cli(home, "sweeps", "wine", "--compare", "0", "9")
     assert bad.returncode == 2 and "has no trial 9" in bad.stderr
+
+
+def test_a_resumed_sweep_names_the_killed_run_in_sweeps_and_the_lineage():
+    """Issue 45: a retry that resumed a sweep says which run it resumed and why; each trial its
+    launches and its own log folder."""
+    from core.experiment_lineage import sweep_summary, trial_line
+    from pipelines.cli.experiments import resumed_lines
+
+    runs = [{"run_id": "r1", "parent_run_id": None, "cut_off_trials": []},
+            {"run_id": "r2", "parent_run_id": "r1", "cut_off_trials": [2, 3],
+             "parent_ended": "run worker process 41 is gone (killed or crashed)"}]
+    assert resumed_lines(runs) == ["  resumed by run r2 after run r1 ended: its run worker died (run worker process 41 "
+                                   "is gone (killed or crashed)); trials cut off: 2, 3"]
+    summary = sweep_summary({"best_trial": 1, "trials": 6, "objective": "loss", "best_value": 0.5, "runs": runs,
+                             "direction": "minimize", "complete": 4, "pruned": 2, "failed": 0, "study": "s"})
+    assert summary.endswith("; resumed by run r2, a retry of run r1 whose run worker died (run worker process 41 is "
+                            "gone (killed or crashed)), trials cut off: 2, 3")
+    trial = {"number": 3, "state": "complete", "value": 0.25, "validations": 6, "params": {"train.lr": 0.05},
+             "attempts": 2, "resumed": True, "logs_uri": "file:///a/runs/r2/wine/checkpoint/logs/trial-003"}
+    assert trial_line(trial) == ("#3 complete value 0.25 (6 validations, 2 launches, resumed after a kill)  "
+                                 "train.lr=0.05  logs file:///a/runs/r2/wine/checkpoint/logs/trial-003")

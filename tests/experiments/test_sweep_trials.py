@@ -135,7 +135,7 @@ def test_a_killed_sweep_resumes_where_it_stopped_without_repeating_a_trial(tmp_p
     # Their validations were read again from their files, not reported twice.
     for r in result.records:
         assert r.validations == VALIDATIONS
-    assert json.loads((Path(result.records[0].folder) / "metrics.json").read_text())["best_value"] is not None
+    assert json.loads((Path(result.records[0].folder) / "output" / "metrics.json").read_text())["best_value"] is not None
 
 
 def test_a_sweep_killed_inside_ask_resumes_its_half_asked_trials_with_every_parameter(tmp_path):
@@ -212,3 +212,77 @@ def test_a_sweep_whose_every_trial_failed_says_why_in_its_failure(tmp_path):
     assert [c.split(":")[0] for c in causes] == ["trial 0", "trial 1"]
     assert {c.rsplit("(lr ", 1)[1] for c in causes} == {"1e+37)", "1e+38)"}
     assert all("Failure: training 'wine' failed, not retried: non-finite loss at step 2" in c for c in causes)
+
+
+PRUNE_KILL_WORKER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tests.experiments.test_sweep_trials import _runner, PRUNE_KILL_SWEEP
+from tests.experiments.fake_trials import FakeLaunches
+runner = _runner(Path({tmp!r}), PRUNE_KILL_SWEEP, FakeLaunches(delay_s=0.15, hang_when_pruned=True))
+runner.run_id = "killed-run"
+runner.run()
+"""
+# Seed 4 draws trial 2 far from the best learning rate: the median pruner stops it while trial 3 trains.
+PRUNE_KILL_SWEEP = Sweep(space=SPACE, objective="loss", trials=6, parallelism=2, sampler="random", pruner="median",
+                         startup_trials=2, prune_after_validations=1, seed=4)
+
+
+def test_a_sweep_killed_after_a_pruned_trial_ended_keeps_it_pruned_and_counts_every_launch(tmp_path):
+    """Issue 45: the run worker killed after two trials finished and a third, pruned, had stopped
+    and written its outputs, before the sweep told the study. The retry relaunched it (0 steps),
+    overwrote its metrics.json and counted it complete; trials launched twice said 1 attempt."""
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen([sys.executable, "-c", PRUNE_KILL_WORKER.format(root=root, tmp=str(tmp_path))],
+                            start_new_session=True)
+    storage = f"sqlite:///{tmp_path / 'optuna.sqlite'}"
+    running = optuna.trial.TrialState.RUNNING
+    ended = lambda t: (tmp_path / "trials" / f"trial-{t.number:03d}" / "output" / "metrics.json").exists()  # noqa: E731
+    deadline = time.monotonic() + 120
+    try:
+        while True:  # kill once two trials are complete and a pruned one has ended, still RUNNING in the study
+            assert time.monotonic() < deadline, "no trial was pruned before the sweep's end"
+            try:
+                trials = optuna.load_study(study_name="s", storage=storage).trials
+            except KeyError:
+                trials = []
+            if sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) >= 2 and any(
+                    t.state == running and ended(t) for t in trials) and any(
+                    t.state == running and not ended(t) for t in trials):
+                break
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    before = optuna.load_study(study_name="s", storage=storage).trials
+    (pruned,) = [t.number for t in before if t.state == running and ended(t)]
+    cut_off = [t.number for t in before if t.state == running and not ended(t)]
+    finished = {t.number for t in before if t.state.is_finished()}
+    pruned_metrics = (tmp_path / "trials" / f"trial-{pruned:03d}" / "output" / "metrics.json").read_bytes()
+    assert json.loads(pruned_metrics)["pruned"] and cut_off
+
+    recovered = []
+    launches = FakeLaunches(delay_s=0.0)
+    runner = _runner(tmp_path, PRUNE_KILL_SWEEP, launches)
+    runner.run_id, runner.recover = "retry-run", lambda plan: recovered.append(plan.number)
+    result = runner.run()
+
+    by_number = {r.number: r for r in result.records}
+    # The pruned trial is told from what it wrote: never launched again, its metrics.json untouched.
+    assert pruned not in launches.launched
+    assert (tmp_path / "trials" / f"trial-{pruned:03d}" / "output" / "metrics.json").read_bytes() == pruned_metrics
+    assert by_number[pruned].state == PRUNED and by_number[pruned].pruned_step == json.loads(pruned_metrics)[
+        "pruned_at_step"]
+    assert by_number[pruned].attempts == 1 and by_number[pruned].runs == ["killed-run", "retry-run"]
+    assert by_number[pruned].validations == by_number[pruned].pruned_step // 10
+    # The trial cut off mid-training resumes; it was launched twice, once by each run.
+    for n in cut_off:
+        assert launches.launched.count(n) == 1
+        assert by_number[n].attempts == 2 and by_number[n].resumed and by_number[n].runs == ["killed-run", "retry-run"]
+    assert sorted(recovered) == sorted([pruned, *cut_off])  # the op reports their unread messages there
+    assert not finished & set(launches.launched)
+    for n in finished:
+        assert by_number[n].attempts == 1 and by_number[n].runs == ["killed-run"] and not by_number[n].resumed
+    assert result.summary()["pruned"] >= 1 and result.summary()["trials"] == 6
