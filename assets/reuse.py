@@ -22,7 +22,9 @@ def not_reused_line(dataset: str, reuse: Reuse, key: dict) -> str:
     """Why a run makes new data (the log line beside the ingest)."""
     if reuse.newest is None:
         return f"{dataset}: no published version yet; ingesting and sharding (data key {key['sha256'][:12]})"
-    return (f"{dataset}: the {', '.join(reuse.changed)} differ from {reuse.newest}'s; ingesting and sharding "
+    changed = list(reuse.changed)
+    parts = " and ".join([", ".join(changed[:-1]), changed[-1]] if len(changed) > 1 else changed)
+    return (f"{dataset}: the {parts} differ from {reuse.newest}'s; ingesting and sharding "
             f"a new version (data key {key['sha256'][:12]})")
 
 

@@ -10,7 +10,14 @@ new-data sensor sees the commit (pipelines/automation.py).
 Where a file goes: beside the files the pipeline already reads. Each pattern's fixed folder
 (``digits/`` of ``digits/*.csv``) plus the file's name, or its path inside a folder given whole
 (``circle/a.png`` of an image folder), must match one of the pipeline's patterns; ``--to`` names
-the place instead (e.g. to replace the one file a fixed source path reads).
+the place instead (e.g. to replace the one file a fixed source path reads). An image folder read by
+class sub-folders takes only images of a declared class in their class's folder: what its run
+would refuse is refused here.
+
+One place of sources: a dataset reads its files from the store's area once that holds any of
+them, and no longer from the local folder (assets/source_place.py). ``hidden_local_files`` names
+the local files an add would hide that way; the ``sources add`` command refuses such an add and
+says how to move the folder over with it.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.spec import PipelineSpec
+from assets.source_place import locate_sources, store_patterns
+from core.spec import ImageFolder, PipelineSpec
 from resources.store.base import MAIN, VersionedStore
 
 SOURCES_PREFIX = "sources/"  # the store's area for source files (assets.pipeline reads it)
@@ -70,15 +78,15 @@ def _fixed_folder(pattern: str) -> str:
 def plan_uploads(spec: PipelineSpec, given: list[Path], to: str | None = None) -> list[Upload]:
     """Where each given file (or every file under a given folder) goes in the sources area."""
     patterns = source_patterns(spec)
-    files: list[tuple[Path, str]] = []
+    files: list[tuple[Path, str, Path]] = []  # (file, its path in the sources area's folder, what was given)
     for path in given:
         if path.is_dir():
             inner = sorted(p for p in path.rglob("*") if p.is_file())
             if not inner:
                 raise SourceUploadError(f"folder {path} holds no files")
-            files += [(p, p.relative_to(path).as_posix()) for p in inner]
+            files += [(p, p.relative_to(path).as_posix(), path) for p in inner]
         elif path.is_file():
-            files.append((path, path.name))
+            files.append((path, path.name, path))
         else:
             raise SourceUploadError(f"{path} is neither a file nor a folder")
     shown = ", ".join(SOURCES_PREFIX + p for p in patterns)
@@ -89,9 +97,11 @@ def plan_uploads(spec: PipelineSpec, given: list[Path], to: str | None = None) -
         if not any(fnmatch.fnmatchcase(target, p) for p in patterns):
             raise SourceUploadError(f"--to {to}: pipeline {spec.name!r} would not read {SOURCES_PREFIX}{target}; "
                                     f"it reads {shown}")
-        return [Upload(files[0][0], SOURCES_PREFIX + target)]
+        uploads = [Upload(files[0][0], SOURCES_PREFIX + target)]
+        _refuse_unread_images(spec, uploads, {files[0][0]: files[0][0]})
+        return uploads
     uploads = []
-    for local, rel in files:
+    for local, rel, _ in files:
         target = next((_fixed_folder(p) + rel for p in patterns if fnmatch.fnmatchcase(_fixed_folder(p) + rel, p)),
                       None)
         if target is None:
@@ -101,7 +111,66 @@ def plan_uploads(spec: PipelineSpec, given: list[Path], to: str | None = None) -
             raise SourceUploadError(f"pipeline {spec.name!r} reads {shown}: {local.name} would not be among them"
                                     f"{hint}, or declare a source pattern that takes it (e.g. a folder glob)")
         uploads.append(Upload(local, SOURCES_PREFIX + target))
+    _refuse_unread_images(spec, uploads, {local: given for local, _, given in files})
     return uploads
+
+
+def _refuse_unread_images(spec: PipelineSpec, uploads: list[Upload], given: dict[Path, Path]) -> None:
+    """An image folder read by class sub-folders reads ``<root>/<class>/<file>`` of a declared
+    class and an accepted extension (assets/kinds/image_listing.py); anything else its run
+    refuses, so the add refuses it first."""
+    src = spec.source
+    if not isinstance(src, ImageFolder) or src.manifest is not None:
+        return
+    folder = SOURCES_PREFIX + src.root.strip("/") + "/"
+    classes = list(spec.class_names)
+    extensions = sorted({e.lower() for e in src.extensions})
+    problems = []
+    for upload in uploads:
+        parts = upload.target[len(folder):].split("/")
+        where = f"{upload.local} would go to {upload.target}"
+        if len(parts) == 1:
+            origin = given[upload.local]
+            hint = (f"; {origin} is named like class {origin.name!r}: add the folder that holds it "
+                    f"(`python -m pipelines sources add {spec.name} {origin.parent}`)"
+                    if origin.is_dir() and origin.name in classes else
+                    f"; add a folder of class folders, or place the file with --to {src.root}/<class>/{upload.local.name}")
+            problems.append(f"{where}, directly in the image folder {src.root}/, where pipeline {spec.name!r} reads no "
+                            f"image: it reads {src.root}/<class>/<file> of the classes {classes}{hint}")
+        elif parts[0] not in classes:
+            problems.append(f"{where}, in class folder {parts[0]!r}, which is not one of the declared classes "
+                            f"{classes} of pipeline {spec.name!r}")
+        elif Path(parts[-1]).suffix.lower() not in extensions:
+            problems.append(f"{where}: its extension {Path(parts[-1]).suffix!r} is not among the image extensions "
+                            f"{extensions} that pipeline {spec.name!r} reads")
+    if problems:
+        more = f" (and {len(problems) - 1} more file(s) like it)" if len(problems) > 1 else ""
+        raise SourceUploadError(problems[0] + more)
+
+
+def hidden_local_files(store: VersionedStore, spec: PipelineSpec, uploads: list[Upload],
+                       sources_root: Path) -> list[Path]:
+    """The local sources folder's files that ``spec`` reads now and would no longer read once
+    ``uploads`` are on main: none when the store's area already holds the pipeline's files (it is
+    their one place already) or when the uploads replace every one of them."""
+    if not store_patterns(spec):
+        return []
+    place = locate_sources(spec, store, sources_root, store.resolve_ref(MAIN))
+    if place.in_store:
+        return []
+    targets = {u.target[len(SOURCES_PREFIX):] for u in uploads}
+    return [f for f in place.folder_files if f.relative_to(sources_root).as_posix() not in targets]
+
+
+def local_source_folders(spec: PipelineSpec, sources_root: Path) -> list[Path]:
+    """What to add to move a pipeline's local sources over to the store: each relative pattern's
+    folder (the file itself for a fixed path)."""
+    out = []
+    for pattern in store_patterns(spec):
+        path = sources_root / (pattern if not _GLOB.search(pattern) else _fixed_folder(pattern))
+        if path not in out:
+            out.append(path)
+    return out
 
 
 def add_source_files(store: VersionedStore, spec: PipelineSpec, uploads: list[Upload],
@@ -116,6 +185,9 @@ def add_source_files(store: VersionedStore, spec: PipelineSpec, uploads: list[Up
     try:
         for upload in uploads:
             store.put_file(branch, upload.target, upload.local)
+        if not store.has_uncommitted_changes(branch):  # the same bytes again are no change (as on lakeFS)
+            raise SourceUploadError(f"main already holds these {len(uploads)} file(s) with the same content; nothing "
+                                    "to commit")
         commit = store.commit(branch, message, meta)
         head = store.merge(branch, MAIN, message, meta)
     finally:

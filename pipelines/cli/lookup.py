@@ -96,8 +96,12 @@ def find_pipeline(name: str, workspace: Path, location: str | None = None, *, tr
               file=sys.stderr)
     (hit,) = found
     if trains and not hit.spec.trains:
+        trainers = [s.name for loc, specs in defined.items() for s in specs if s.dataset == name
+                    and (s.dataset_location or loc) == hit.location.name]
         raise UsageError(f"pipeline {name!r} (code location {hit.location.name!r}) prepares a dataset and trains no "
-                         "model; name a pipeline that trains on it")
+                         "model; " + (f"the pipeline(s) that train on it: {', '.join(trainers)} (e.g. `python -m "
+                                      f"pipelines train {trainers[0]}`)" if trainers else
+                                      f"no pipeline trains on it yet: declare one with dataset={name!r}"))
     return hit
 
 

@@ -18,7 +18,6 @@ from pipelines.cli.inspection import (
 )
 from pipelines.cli.platform_care import (
     DEFAULT_DEFS_DIR,
-    DEFAULT_WORKSPACE,
     housekeeping_command,
     scaffold_command,
     workspace_command,
@@ -231,8 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("workspace", "Load every code location of a workspace and check that pipeline and dataset names are "
                              "unique across them and shared datasets are published where they are read from.",
                 workspace_command)
-    p.add_argument("--workspace", type=Path, default=DEFAULT_WORKSPACE,
-                   help="The workspace file (default: the repository's workspace.yaml).")
+    p.add_argument("--workspace", type=Path, default=None,
+                   help="The workspace file (default: workspace.yaml in the current directory, else the "
+                        "repository's, as for every other command).")
 
     p = command("scaffold", "Write a new YAML building block (a dataset, a training on a dataset, or a whole "
                             "pipeline) from its template, every field listed.", scaffold_command)

@@ -52,9 +52,10 @@ def format_housekeeping_history(records: list[dict]) -> str:
 
 def workspace_command(args: argparse.Namespace) -> int:
     """Load every code location of the workspace and check names across them."""
+    from pipelines.cli.lookup import workspace_of
     from pipelines.workspace import check_workspace
 
-    listings = check_workspace(args.workspace)
+    listings = check_workspace(workspace_of(args))  # ./workspace.yaml first, as train, versions and the rest
     for location, pipelines in listings.items():
         names = ", ".join(p["name"] + (f" (reads {p['dataset']}" + (f" from {p['dataset_location']})"
                                                                     if p.get("dataset_location") else ")")
@@ -77,5 +78,4 @@ def scaffold_command(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_WORKSPACE = REPO_ROOT / "workspace.yaml"
 DEFAULT_DEFS_DIR = REPO_ROOT / "pipelines" / "defs"

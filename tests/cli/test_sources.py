@@ -131,3 +131,74 @@ def test_the_cli_commits_with_to_and_names_the_run_it_starts(tmp_path, monkeypat
     assert store.get_object(MAIN, "sources/digits/digits.csv") == new.read_bytes()
     assert main(["sources", "add", "nosuch", str(new)]) == 2
     assert "no pipeline named 'nosuch' in code location(s) platform, vision" in capsys.readouterr().err
+
+
+# --- what the pipeline would not read, and one place of sources (issue 45) ---------------------------
+def write_images(folder: Path, names: list[str]) -> Path:
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"\x89PNG " + name.encode())  # the add reads no pixels
+    return folder
+
+
+def test_a_class_folder_given_alone_is_refused_naming_its_parent(tmp_path):
+    new = write_images(tmp_path / "new", ["circle/c1.png", "circle/c2.png", "square/s1.png"])
+    with pytest.raises(SourceUploadError) as err:
+        plan_uploads(shapes_dataset, [new / "circle"])  # was flattened into sources/shapes/c1.png, then refused by the run
+    assert str(err.value) == (
+        f"{new}/circle/c1.png would go to sources/shapes/c1.png, directly in the image folder shapes/, where pipeline "
+        "'shapes' reads no image: it reads shapes/<class>/<file> of the classes ['circle', 'square', 'triangle']; "
+        f"{new}/circle is named like class 'circle': add the folder that holds it (`python -m pipelines sources add "
+        f"shapes {new}`) (and 1 more file(s) like it)")
+    with pytest.raises(SourceUploadError, match="place the file with --to shapes/<class>/c1.png"):
+        plan_uploads(shapes_dataset, [new / "circle" / "c1.png"])
+    (placed,) = plan_uploads(shapes_dataset, [new / "circle" / "c1.png"], to="shapes/circle/c1.png")
+    assert placed.target == "sources/shapes/circle/c1.png"
+
+
+def test_undeclared_classes_and_other_extensions_are_refused(tmp_path):
+    with pytest.raises(SourceUploadError, match="in class folder 'hexagon', which is not one of the declared classes"):
+        plan_uploads(shapes_dataset, [write_images(tmp_path / "a", ["hexagon/h1.png"])])
+    with pytest.raises(SourceUploadError, match=r"its extension '\.gif' is not among the image extensions"):
+        plan_uploads(shapes_dataset, [write_images(tmp_path / "b", ["circle/c1.gif"])])
+
+
+def test_an_add_that_would_hide_the_local_folder_is_found(tmp_path):
+    from pipelines.sources import hidden_local_files
+
+    sources = tmp_path / "sources"
+    local = write_images(sources / "shapes", ["circle/a.png", "square/b.png"])
+    store = VersionedStoreResource(kind="local", local_root=str(tmp_path / "store")).get()
+    store.ensure_repository()
+    new = plan_uploads(shapes_dataset, [write_images(tmp_path / "new", ["circle/n.png"])])
+    assert hidden_local_files(store, shapes_dataset, new, sources) == [local / "circle/a.png", local / "square/b.png"]
+    moved = plan_uploads(shapes_dataset, [local, tmp_path / "new"])  # the folder moved over with the new file
+    assert hidden_local_files(store, shapes_dataset, moved, sources) == []
+    add_source_files(store, shapes_dataset, moved)
+    # once the store's area holds the dataset's files, it is their one place: nothing more is hidden
+    assert hidden_local_files(store, shapes_dataset, new, sources) == []
+
+
+def test_the_cli_refuses_to_hide_the_local_folder_and_says_how_to_move_it(tmp_path, monkeypatch, capsys):
+    from pipelines.cli import main
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    local = write_images(tmp_path / "home" / "platform" / "sources" / "shapes", ["circle/a.png", "square/b.png"])
+    new = write_images(tmp_path / "new5", ["circle/n1.png", "triangle/n2.png"])
+    assert main(["sources", "add", "shapes", str(new)]) == 2
+    err = capsys.readouterr().err
+    move = f"python -m pipelines sources add shapes {local} {new}"
+    assert err.strip() == (
+        f"error: pipeline 'shapes' reads its 2 source file(s) from the local sources folder ({local}), and the "
+        "store's sources/ area holds none of them. Once these files are committed there, its runs read only the "
+        "store's files, not the folder: one dataset reads one place of sources. Move the folder over with them in "
+        f"one commit: `{move}`")
+    store = Profile(name="local", data_root=tmp_path / "home" / "platform").store()
+    assert not store.list_objects(MAIN, prefix="sources/")  # nothing was committed
+    assert main(move.split()[3:]) == 0
+    assert {o.path for o in store.list_objects(MAIN, prefix="sources/")} == {
+        "sources/shapes/circle/a.png", "sources/shapes/square/b.png", "sources/shapes/circle/n1.png",
+        "sources/shapes/triangle/n2.png"}
+    capsys.readouterr()
+    assert main(["sources", "add", "shapes", str(new)]) == 2  # the same bytes again
+    assert "main already holds these 2 file(s) with the same content; nothing to commit" in capsys.readouterr().err
