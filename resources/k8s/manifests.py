@@ -25,6 +25,7 @@ from typing import Any, Mapping
 from resources.k8s.fabric import RdmaProfile
 from resources.k8s.kueue import KueueSettings, queue_labels, queued_job
 from resources.launch.base import GpuRequest, TrainingJob
+from training_runtime.distributed.allocator import allocator_env
 
 # Max length of a Job name: pod hostnames are `<job>-<index>` and must stay a DNS label (63);
 # the Job controller also appends a 5-char suffix plus the index to pod names.
@@ -299,6 +300,9 @@ def _env(
         # agent increments, so a restarted gang would not meet (training_runtime/distributed/
         # process_group.py, _attempt_store).
         **({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if job.nnodes > 1 else {}),
+        # FSDP's freed buffers leave RSS only with a fixed mmap threshold (training_runtime/
+        # distributed/allocator.py); the job's own env below overrides it.
+        **allocator_env(job.config),
         **job.env,
         **job.gpu.nccl_env,
         **pipes_env,

@@ -124,7 +124,7 @@ class _nowhere:
         return False
 
 
-# ---------------------------------------------------------------- the model's files
+# ---------------------------------------------------------------- stored weights
 @dataclass(frozen=True)
 class StoredWeights:
     """A ``model.safetensors`` already written (the best validation's, under FSDP): the model's
@@ -134,33 +134,7 @@ class StoredWeights:
     shared: dict[str, str]
 
 
-def save_model_files(out_dir: str | Path, weights: Mapping[str, torch.Tensor] | StoredWeights, card: dict, *,
-                     writer: bool) -> dict:
-    """``serve.card.save_model`` without the whole model in memory: ``model.safetensors`` streamed
-    from ``weights`` (a state dict, DTensors included: collective then) or copied from a stored
-    file, then ``model_card.json``, each atomically. Returns the card with ``weights`` set on the
-    writer, {} elsewhere."""
-    from training_runtime.atomic_files import atomic_write_bytes
-    from training_runtime.serve.card import CARD_FILE, SAFETENSORS_METADATA, WEIGHTS_FILE, card_bytes
-
-    out = Path(out_dir)
-    if writer:
-        out.mkdir(parents=True, exist_ok=True)
-    if isinstance(weights, StoredWeights):
-        shared, sha = weights.shared, _copy(weights.path, out / WEIGHTS_FILE) if writer else None
-    else:
-        shared, sha = write_safetensors(out / WEIGHTS_FILE, weights, SAFETENSORS_METADATA, writer=writer)
-    if not writer:
-        return {}
-    entry: dict[str, Any] = {"file": WEIGHTS_FILE, "sha256": sha}
-    if shared:
-        entry["shared"] = shared
-    card = {**card, "weights": entry}
-    atomic_write_bytes(out / CARD_FILE, card_bytes(card))
-    return card
-
-
-def _copy(src: Path, dst: Path) -> str:
+def copy_file(src: Path, dst: Path) -> str:
     """Copy in blocks, hashing beside; the sha256 of the bytes copied."""
     h = hashlib.sha256()
     with atomic_path(dst) as tmp, open(src, "rb") as fi, open(tmp, "wb") as fo:
@@ -171,10 +145,11 @@ def _copy(src: Path, dst: Path) -> str:
 
 
 def write_weights_checkpoint(root: str | Path, step: int, state: dict[str, Any], weights: Mapping[str, torch.Tensor],
-                             *, writer: bool) -> Path | None:
+                             *, writer: bool, file_name: str, metadata: Mapping[str, str]) -> Path | None:
     """Collective under FSDP. A checkpoint (``checkpoint.full``'s layout: atomic, with a sha256
     manifest, found by ``find_latest_valid``) holding ``model.safetensors`` streamed from
-    ``weights`` and the small ``state`` (which records the file and its tied weights); the
+    ``weights`` as ``file_name`` with safetensors ``metadata`` (the model card's, so the final
+    save can copy it) and the small ``state`` (which records the file and its tied weights); the
     writer's published directory, None elsewhere. The best validation's weights under FSDP:
     never gathered whole, and the model's final save copies the file."""
     import os
@@ -182,7 +157,6 @@ def write_weights_checkpoint(root: str | Path, step: int, state: dict[str, Any],
 
     from training_runtime.atomic_files import fsync_path, replace_durably
     from training_runtime.checkpoint import full as ckpt
-    from training_runtime.serve.card import SAFETENSORS_METADATA, WEIGHTS_FILE
 
     root = Path(root)
     tmp = root / f".tmp-{ckpt.step_dir_name(step)}-weights-{os.getpid()}"
@@ -190,11 +164,11 @@ def write_weights_checkpoint(root: str | Path, step: int, state: dict[str, Any],
         root.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(root)
         tmp.mkdir()
-    shared, sha = write_safetensors(tmp / WEIGHTS_FILE, weights, SAFETENSORS_METADATA, writer=writer)
+    shared, sha = write_safetensors(tmp / file_name, weights, metadata, writer=writer)
     if not writer:
         return None
-    files = {WEIGHTS_FILE: {"sha256": sha, "num_bytes": (tmp / WEIGHTS_FILE).stat().st_size},
-             ckpt.STATE_FILE: ckpt.save_hashed(tmp / ckpt.STATE_FILE, {**state, WEIGHTS_KEY: WEIGHTS_FILE,
+    files = {file_name: {"sha256": sha, "num_bytes": (tmp / file_name).stat().st_size},
+             ckpt.STATE_FILE: ckpt.save_hashed(tmp / ckpt.STATE_FILE, {**state, WEIGHTS_KEY: file_name,
                                                                         "shared": shared})}
     fsync_path(tmp / ckpt.STATE_FILE)
     manifest = {"format": ckpt.FORMAT, "step": step, "created_unix": time.time(), "files": files}

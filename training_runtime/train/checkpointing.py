@@ -14,6 +14,7 @@ from training_runtime.checkpoint.weights import StoredWeights, stored_weights, w
 from training_runtime.config import ConfigError
 from training_runtime.distributed.fsdp import full_optimizer_state, is_sharded, load_full_state
 from training_runtime.distributed.process_group import all_gather_object
+from training_runtime.serve.card import SAFETENSORS_METADATA, WEIGHTS_FILE
 from training_runtime.train.context import TrainingContext
 from training_runtime.train.reporting import IntervalReporter
 
@@ -98,7 +99,8 @@ class TrainerCheckpoints:
         ctx, root = self.ctx, self.best_root()
         small = {"step": step, "metric": metric, "value": value}
         if is_sharded(self.cfg.train.sharding):  # streamed, a tensor gathered at a time (checkpoint/weights.py)
-            write_weights_checkpoint(root, step, small, self.model.state_dict(), writer=ctx.is_main)
+            write_weights_checkpoint(root, step, small, self.model.state_dict(), writer=ctx.is_main,
+                                     file_name=WEIGHTS_FILE, metadata=SAFETENSORS_METADATA)
         else:
             state = ctx.full_state(self.model)
             if ctx.is_main:

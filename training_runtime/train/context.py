@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from training_runtime.checkpoint import full as ckpt
-from training_runtime.checkpoint.weights import StoredWeights, save_model_files
+from training_runtime.checkpoint.weights import StoredWeights
 from training_runtime.config import ConfigError, RunConfig
 from training_runtime.data.batches import split_loader
 from training_runtime.data.prefetch import chained_epochs
@@ -73,6 +73,7 @@ from training_runtime.train.epochs import EpochBatches, StopSignal
 from training_runtime.train.faults import FaultInjection, delayed
 from training_runtime.train.guarding import Guards
 from training_runtime.train.loop_watch import LoopWatch
+from training_runtime.train.model_files import save_model_files
 from training_runtime.train.outputs import accelerator_versions, json_safe
 from training_runtime.train.trial_channel import append_report, stop_reason
 
