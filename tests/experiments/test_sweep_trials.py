@@ -31,7 +31,9 @@ def _runner(tmp_path, sweep, launches, name="s"):
 def test_pruned_trials_stop_early_and_free_their_slots(tmp_path):
     sweep = Sweep(space=SPACE, objective="loss", trials=10, parallelism=2, sampler="random", pruner="median",
                   startup_trials=2, prune_after_validations=1, seed=0)
-    launches = FakeLaunches()
+    # 0.1 s between validations: the sweep's loop must read one and answer before the next, which
+    # on a loaded machine (the study's SQLite writes) 0.05 s did not always leave.
+    launches = FakeLaunches(delay_s=0.1)
     result = _runner(tmp_path, sweep, launches).run()
 
     states = [r.state for r in result.records]
