@@ -47,22 +47,29 @@ def train_command(args: argparse.Namespace) -> int:
     tags = {OVERRIDES_TAG: overrides_tag(record)} if record else {}
     print(f"training {spec.name}" + (f" with {tags[OVERRIDES_TAG]}" if tags else " as its pipeline says")
           + (" (no sweep)" if args.no_sweep else f" (sweep: {spec.sweep.describe()})" if spec.sweep else ""))
+    for line in dataset_notes(spec, args, profile):
+        print(line)
     with dagster_instance() as instance:
-        job_name, selection = training_target(spec, instance)
+        job_name, selection = training_target(spec)
         result = execute_for_cli(
             defs.resolve_job_def(job_name), instance=instance, raise_on_error=False, tags=tags, asset_selection=selection,
             run_config=training_run_config(spec.name, overrides, False if args.no_sweep else None))
     if not result.success:
         print("\n".join(failure_lines(result)), file=sys.stderr)
         return 1
-    print(f"Run {result.run_id} succeeded.\n")
+    outcome = dataset_outcome(result, spec)
+    print(f"Run {result.run_id} succeeded." + (f" {outcome}" if outcome else "") + "\n")
     return print_lineage(profile, spec.name, None, as_json=False)
 
 
-def training_target(spec, instance) -> tuple[str, list | None]:
+def training_target(spec) -> tuple[str, list | None]:
     """(job, assets) a CLI training runs: the pipeline's own job. A model on a dataset of its own
-    location whose shards this instance never made (a fresh DAGSTER_HOME) runs in the dataset's job
-    instead, which ingests and shards first."""
+    location runs in the dataset's job, its raw_dataset and shards first: as in that job, they
+    compare the sources' data key with the newest published version's, reuse that version when
+    they are unchanged ("reusing <dataset>-dN") and make the new version otherwise, which the model
+    then trains on. (The model's own job trains on the shards last made, however the sources
+    changed since.) A model on another location's dataset trains on a published version of it:
+    ``dataset_notes`` says when that location's sources are newer."""
     import dagster as dg
 
     from pipelines.assembly import training_job_name
@@ -70,10 +77,73 @@ def training_target(spec, instance) -> tuple[str, list | None]:
     if spec.dataset is None:
         return training_job_name(spec), None
     own = [dg.AssetKey([spec.name, "checkpoint"]), dg.AssetKey([spec.name, "model_version"])]
-    shards = dg.AssetKey([spec.dataset, "shards"])
-    if spec.published_elsewhere or instance.get_latest_materialization_event(shards) is not None:
+    if spec.published_elsewhere:
         return training_job_name(spec), own
-    return f"{spec.dataset}_training", [dg.AssetKey([spec.dataset, "raw_dataset"]), shards, *own]
+    return f"{spec.dataset}_training", [dg.AssetKey([spec.dataset, "raw_dataset"]),
+                                        dg.AssetKey([spec.dataset, "shards"]), *own]
+
+
+def dataset_notes(spec, args: argparse.Namespace, profile: Profile) -> list[str]:
+    """What ``train`` says of the dataset before it trains. On its own location's dataset: that
+    the sources are checked first. On another location's: whether that location's sources changed
+    since the version trained on (the newest, or the one the pipeline pins), which only that
+    location's own job makes a version of."""
+    if spec.dataset is None:
+        return []
+    if not spec.published_elsewhere:
+        return [f"{spec.name} trains on dataset {spec.dataset!r}: its sources are checked against its newest version "
+                "first (reused when unchanged, else the new version is made first)"]
+    from assets.source import SourceError
+    from assets.source_place import source_data_key
+    from resources.store.base import StoreError
+    from core.datasets import DATA_KEY, changed_parts, manifest_path, resolve_dataset_version
+    from pipelines.cli.lookup import find_pipeline, workspace_of
+
+    store = profile.store()
+    try:
+        newest, _ = resolve_dataset_version(store, spec.dataset, None)
+        pinned, commit = resolve_dataset_version(store, spec.dataset, spec.dataset_version)
+    except LookupError:
+        return []  # nothing published: the training step stops, naming what to run
+    try:
+        owner = find_pipeline(spec.dataset, workspace_of(args), spec.dataset_location).spec
+        key, _ = source_data_key(owner, store, profile.resources()["platform"].sources_root)
+    except (UsageError, SourceError, StoreError, OSError) as exc:  # the owner's sources may be where only it reads them
+        return [f"note: whether dataset {spec.dataset!r} (location {spec.dataset_location!r}) has newer sources than "
+                f"{pinned} was not checked: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"]
+    published = json.loads(store.get_object(commit, manifest_path(spec.dataset))).get(DATA_KEY) or {}
+    changed = changed_parts(key, published) if published.get("sha256") != key["sha256"] else ()
+    where = f"dataset {spec.dataset!r} (location {spec.dataset_location!r})"
+    if spec.dataset_version is not None:
+        if not changed and pinned == newest:
+            return [f"{spec.name} trains on {pinned}, as its pipeline pins: {where} is unchanged since"]
+        newer = (f"{where}'s {', '.join(changed)} differ from {pinned}'s" if changed else
+                 f"{where} has newer versions (the newest is {newest})")
+        return [f"note: {spec.name} is pinned to {pinned} (dataset_version) and newer sources exist: {newer}"
+                + (f"; the newest version is {newest}" if changed and newest != pinned else "")
+                + f". It trains on {pinned} as pinned; leave dataset_version out to train on the newest version"]
+    if not changed:
+        return [f"{spec.name} trains on {newest}, the newest version of {where}: its sources are unchanged since"]
+    return [f"note: {where}'s {', '.join(changed)} differ from its newest version {newest}'s; {spec.name} trains on "
+            f"{newest}: that location makes the new version (its job {spec.dataset}_training), then train again"]
+
+
+def dataset_outcome(result, spec) -> str | None:
+    """Which version of its own location's dataset a CLI training used: reused or newly made."""
+    if spec.dataset is None or spec.published_elsewhere:
+        return None
+    meta = {}
+    for event in result.get_asset_materialization_events():
+        if event.asset_key is not None and event.asset_key.path[0] == spec.dataset:
+            meta.update({k: v.value for k, v in event.step_materialization_data.materialization.metadata.items()})
+    if meta.get("reused_dataset_version"):
+        return f"{spec.name} trained on {meta['reused_dataset_version']}, reused: the sources of {spec.dataset!r} are unchanged."
+    if meta.get("dataset_version"):
+        return f"{spec.name} trained on {meta['dataset_version']}, made by this run from the sources of {spec.dataset!r}."
+    if meta.get("commit_id"):  # a dataset that trains a model of its own is published with that model's version
+        return (f"{spec.name} trained on new shards of {spec.dataset!r} (commit {str(meta['commit_id'])[:12]}), made by "
+                "this run: its sources, parameters or code changed since its newest version.")
+    return None
 
 
 # --- sweeps --------------------------------------------------------------------------------------
