@@ -175,7 +175,8 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
         LineageRow("environment", f"python {record['environment']['python']}, torch {record['environment']['torch']}"),
         *([LineageRow("training pods", pod_summary(record["pod"]))] if record.get("pod") else []),
         LineageRow("training", f"model={training['config'].get('model', {}).get('name')} seed={training['seed']} "
-                               f"world_size={training['world_size']} backend={training['backend']}"),
+                               f"world_size={training['world_size']} backend={training['backend']}"
+                               f"{sharding_fact(training['config'])}"),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
         LineageRow("attempts", attempts_summary(record)),
         *([LineageRow("training logs", training["logs"], url=training["logs"])] if training.get("logs") else []),
@@ -268,6 +269,27 @@ def continuation_rows(record: Mapping) -> list[LineageRow]:
 
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
+
+
+def sharding_fact(config: dict) -> str:
+    """The training row's sharding, FSDP units and activation checkpointing, from the resolved
+    config (its ``wrapping``, training_runtime/distributed/fsdp.py ``wrapping_summary``; the
+    settings alone for a runtime that predates it), e.g. ' sharding=fsdp fsdp_units=24 (LoomBlock
+    x12, Linear x12; by size) activation_checkpointing=on'."""
+    train, wrapping = config.get("train") or {}, config.get("wrapping") or {}
+    sharding = wrapping.get("sharding", train.get("sharding"))
+    if sharding is None:
+        return ""
+    text = f" sharding={sharding}"
+    if "units" in wrapping:
+        classes = ", ".join(f"{k} x{v}" for k, v in wrapping["unit_classes"].items())
+        text += f" fsdp_units={wrapping['units']}" + (f" ({classes}; {wrapping['unit_policy']})" if classes else
+                                                      f" ({wrapping['unit_policy']})")
+    elif train.get("fsdp_units"):
+        text += f" fsdp_units={train['fsdp_units']}"
+    if wrapping.get("activation_checkpointing", train.get("activation_checkpointing")):
+        text += " activation_checkpointing=on"
+    return text
 
 
 def pod_summary(pod: Mapping) -> str:

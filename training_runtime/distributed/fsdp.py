@@ -11,7 +11,7 @@ from torch import nn
 
 from training_runtime.config import ConfigError
 from training_runtime.distributed.process_group import DistInfo
-from training_runtime.distributed.units import fsdp_units
+from training_runtime.distributed.units import BUILTIN_MODULE, fsdp_units
 
 SHARDED = ("fsdp", "hsdp")
 
@@ -152,3 +152,34 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_st
         "state": {index[n]: s for n, s in optim_state["state"].items()},
         "param_groups": [{**g, "params": [index[n] for n in g["params"]]}
                          for g in optim_state["param_groups"]]})
+
+
+# ---------------------------------------------------------------- what the wrapping did
+def wrapping_summary(model: nn.Module, sharding: str, units: Sequence[str] = (), unit_params: int | None = None,
+                     activation_checkpointing: bool = False) -> dict[str, Any]:
+    """What ``wrap_model`` does to ``model`` (before it is wrapped), for the run's log, its
+    resolved_config.json and the lineage's training row: the sharding, FSDP's units (how many,
+    of which classes, chosen how) and activation checkpointing."""
+    out: dict[str, Any] = {"sharding": sharding, "activation_checkpointing": activation_checkpointing}
+    if is_sharded(sharding):
+        chosen = fsdp_units(model, units, unit_params)
+        classes: dict[str, int] = {}
+        for m in chosen:
+            classes[type(m).__name__] = classes.get(type(m).__name__, 0) + 1
+        policy = ("by class name" if units else "the platform's blocks" if type(model).__module__ == BUILTIN_MODULE
+                  else "by size")
+        out.update(units=len(chosen), unit_classes=dict(sorted(classes.items())), unit_policy=policy)
+    return out
+
+
+def describe_wrapping(summary: dict[str, Any]) -> str:
+    """``wrapping_summary`` in words, e.g. 'sharding fsdp, 24 units (Linear x24, by size),
+    activation checkpointing off'."""
+    parts = [f"sharding {summary['sharding']}"]
+    if "units" in summary:
+        classes = ", ".join(f"{k} x{v}" for k, v in summary["unit_classes"].items())
+        parts.append(f"{summary['units']} FSDP units ({classes}; {summary['unit_policy']})" if summary["units"]
+                     else f"no FSDP units besides the root ({summary['unit_policy']}): every rank holds every "
+                          "parameter in full during the forward and backward")
+    parts.append(f"activation checkpointing {'on' if summary['activation_checkpointing'] else 'off'}")
+    return ", ".join(parts)

@@ -52,12 +52,14 @@ from training_runtime.data.sampling import epoch_indices, steps_per_epoch
 from training_runtime.data.cache import ShardCache, default_cache_limit, shard_refs
 from training_runtime.data.split import open_streaming_split
 from training_runtime.distributed.fsdp import (
+    describe_wrapping,
     full_model_state,
     full_optimizer_state,
     is_sharded,
     load_full_state,
     unwrap,
     wrap_model,
+    wrapping_summary,
 )
 from training_runtime.distributed.process_group import (
     DistInfo,
@@ -144,6 +146,7 @@ class TrainingContext:
             attempt_log.start(dist_info.world_size)
         self.reported: list[dict[str, Any]] = []
         self.saved_model_card: dict | None = None
+        self.wrapping: dict[str, Any] | None = None  # how build_model wrapped the model (distributed/fsdp.py)
         self.last_checkpoint_step: int | None = None
         self.resumed_from_step: int | None = None
         self.train_time_s = 0.0  # a user function's wall time (set by user_loop)
@@ -287,6 +290,9 @@ class TrainingContext:
         self.seed(0)
         model = self.model_build.build()
         t = self.config.train
+        self.wrapping = wrapping_summary(model, t.sharding, parse_unit_names(t.fsdp_units), t.fsdp_unit_params,
+                                         t.activation_checkpointing)
+        self.log(f"model {self.config.model.name}: {describe_wrapping(self.wrapping)}")
         wrapped = wrap_model(model, t.sharding, self.dist, precision=t.precision, units=parse_unit_names(t.fsdp_units),
                              unit_params=t.fsdp_unit_params, activation_checkpointing=t.activation_checkpointing)
         if t.compile:  # in place (nn.Module.compile): parameter names and state dicts are unchanged
@@ -502,6 +508,7 @@ class TrainingContext:
         resolved.update(world_size=self.world_size, backend=self.dist.backend, device=self.device.type,
                         steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
                         torch_version=torch.__version__, **accelerator_versions(self.device),
+                        **({"wrapping": self.wrapping} if self.wrapping is not None else {}),
                         **({"pod": self.pod_record} if self.pod_record is not None else {}))
         ckpt.atomic_write_json(out / "resolved_config.json", resolved)
         ckpt.atomic_write_json(out / "metrics.json", json_safe(metrics))
