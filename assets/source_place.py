@@ -195,7 +195,7 @@ def source_data_key(spec: PipelineSpec, store, sources_root: Path, commit: str |
     from assets.data_key import data_key, frame_sha256
     from assets.kinds import data_kind
 
-    if spec.source.loader is not None:
+    if getattr(spec.source, "loader", None) is not None:  # a table's loader function
         frame = spec.source.loader()
         described = [{"loader": spec.source.describe(), "rows": int(len(frame)), "sha256": frame_sha256(frame)}]
         return data_key(spec, described), f"{spec.name}: calling {spec.source.describe()}"
