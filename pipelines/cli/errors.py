@@ -38,21 +38,21 @@ def failure_lines(result) -> list[str]:
 
 
 class _FailureWithoutTrace(logging.Filter):
-    """On the CLI's console, a step's or run's failure event is its one-line headline: the cause is
-    printed once, by ``failure_lines`` at the end, and the stack traces stay in the run's event
-    log (the UI shows them). A retry says why in one line, since the step runs on."""
+    """On the CLI's console, an event that carries an error is its one-line headline: a step's or
+    run's failure says its cause once, by ``failure_lines`` at the end, and the stack traces stay
+    in the run's event log (the UI shows them). Any other (a retry, an engine event) adds its
+    error's first line, since the step goes on."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         # A @logger's record carries the event itself (Dagster passes its ``extra`` on).
         event = getattr(record, "dagster_event", None) or (getattr(record, "dagster_meta", None) or {}).get(
             "dagster_event")
-        if event is None or not (event.is_step_failure or event.is_run_failure or event.is_step_up_for_retry):
+        error = getattr(event.event_specific_data, "error", None) if event is not None else None
+        if error is None:
             return True
         headline = str(record.msg).split("\n\n", 1)[0]
-        if event.is_step_up_for_retry:
-            error = getattr(event.event_specific_data, "error", None)
-            if error is not None:
-                headline += f" ({error.message.strip().splitlines()[0]})"
+        if not (event.is_step_failure or event.is_run_failure):  # a retry, an engine event: the step goes on
+            headline += f" ({(error.message.strip().splitlines() or [''])[0]})"
         record.msg, record.args = headline, ()
         return True
 

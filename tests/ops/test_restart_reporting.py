@@ -85,6 +85,10 @@ def test_warnings_alone_stay_a_warning_and_a_clean_training_passes():
 class _Told:
     def __init__(self):
         self.lines: list[str] = []
+        self.records = 0
+
+    def recorded(self) -> None:
+        self.records += 1
 
     def restarting(self, message: str) -> None:
         self.lines.append(message)
@@ -102,6 +106,7 @@ def test_a_retryable_failure_with_restarts_left_tells_the_reporter_a_restart_fol
     recorder, told = _recorder(tmp_path)
     recorder.record(RuntimeError("Connection closed by peer [127.0.0.1]:29500"))
     (line,) = told.lines
+    assert told.records == 1
     assert line.startswith("attempt L001-R000-run ended on rank 0: RuntimeError: Connection closed by peer")
     assert "torchrun restarts the workers (restart 1 of 1)" in line
 
@@ -150,6 +155,21 @@ def test_rank0s_pipes_session_stays_open_for_the_restarted_attempt_and_closes_at
         second.info("step 10/10")
     methods = [json.loads(line)["method"] for line in messages.read_text().splitlines()]
     assert methods == ["opened", "log", "log", "opened", "log", "closed"]  # one "closed": the real end
+
+
+def test_a_recorded_failure_closes_pipes_without_a_second_copy_of_the_exception(tmp_path, monkeypatch):
+    """The orchestrator tells a recorded failure from the attempt's records; the "closed" message
+    would otherwise carry it again, which Dagster shows with the rank's stack trace."""
+    from training_runtime.observe.pipes import PipesReporter
+
+    messages = _pipes_env(tmp_path, monkeypatch)
+    _new_process(monkeypatch)
+    with pytest.raises(TypeError):
+        with PipesReporter({}) as reporter:
+            reporter.recorded()
+            raise TypeError("bad call")
+    closed = json.loads(messages.read_text().splitlines()[-1])
+    assert closed["method"] == "closed" and closed["params"] == {}
 
 
 def test_dagsters_pipes_handler_reads_both_attempts_without_a_warning(tmp_path, monkeypatch):

@@ -57,6 +57,7 @@ class PipesReporter:
         self._restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         self._lock = threading.Lock()
         self.restart_follows = False  # set by ``restarting``: this attempt ends, torchrun starts another
+        self.failure_recorded = False  # set by ``recorded``: the orchestrator tells the failure from the records
         folder = environ.get(LEDGER_ENV)
         self.ledger: Path | None = None
         if folder:
@@ -83,6 +84,13 @@ class PipesReporter:
             with open(self.ledger, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
+    def recorded(self) -> None:
+        """This rank's failure is in its attempt's records (train/failures.py): the orchestrator
+        reads them and fails the step in the runtime's words, so the "closed" message need not
+        carry the exception too (Dagster would show it, with this rank's stack trace, as a second
+        copy of the failure ahead of the step's)."""
+        self.failure_recorded = True
+
     def restarting(self, message: str) -> None:
         """This attempt of rank 0 failed and torchrun restarts the workers (train/failures.py): say
         so in the run's log, and leave the Pipes session open. Its "closed" message would end the
@@ -101,5 +109,8 @@ class PipesReporter:
         if exc is not None and self.restart_follows:
             # No "closed": the channels the launchers use (a file appended to per message, a
             # pod's stdout) hold every message already written; the process is ending.
+            return
+        if exc is not None and self.failure_recorded:
+            self.pipes.close()  # the traceback is still printed to stderr, the rank's log
             return
         self.pipes.__exit__(exc_type, exc, tb)

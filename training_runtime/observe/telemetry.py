@@ -29,6 +29,9 @@ class LogReporter:
     def custom(self, payload: dict[str, Any]) -> None:
         log.info("%s %s", payload.get("kind", "message"), json.dumps(payload, sort_keys=True))
 
+    def recorded(self) -> None:
+        """This rank's failure is in its attempt's records (train/failures.py): nothing to add here."""
+
     def restarting(self, message: str) -> None:
         """This attempt ends and torchrun restarts the workers (train/failures.py)."""
         log.warning(message)

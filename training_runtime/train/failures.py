@@ -107,8 +107,11 @@ def _launch_of(raw: Mapping[str, Any]) -> int:
 
 
 class Restarting(Protocol):
-    """Told when this rank's attempt ends and torchrun starts another (observe/pipes.py's reporter
-    keeps rank 0's Pipes session open for it)."""
+    """Told how this rank's failure is handed on (observe/pipes.py's reporter is rank 0's Pipes
+    session): ``recorded`` once it is in the attempt's records, which the orchestrator reads and
+    states in the step's failure; ``restarting`` when torchrun starts another attempt after it."""
+
+    def recorded(self) -> None: ...
 
     def restarting(self, message: str) -> None: ...
 
@@ -171,6 +174,9 @@ class FailureRecorder:
                 self.log.add_failure(record)
             except OSError as e:  # the volume itself failed: the exception still ends the rank
                 log.error("could not record this rank's failure in %s: %s", self.log.dir, e)
+            else:
+                if self.reporter is not None:
+                    self.reporter.recorded()
         if record["kind"] == DETERMINISTIC and self.environ.get("TORCHELASTIC_RUN_ID") and not self.stopping:
             self.stopping = True
             self.at_exit(stop_elastic_agent, dict(self.environ), str(self.log.dir) if self.log else None)
