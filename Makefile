@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/dagster_home
 
-.PHONY: install demo test ui bench reliability clean
+.PHONY: install demo test test-all ui bench reliability clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,9 +27,22 @@ $(CHROMIUM):
 		echo "The browser tests need Debian's chromium at $(CHROMIUM): run 'sudo apt-get install chromium'"; exit 1; \
 	fi
 
-# Heavy tests (the benchmark harness's smoke runs) belong to `make bench`.
+# The suites run in parallel, one pytest-xdist worker per core (TEST_WORKERS=1 for one at a time);
+# each test has its own tmp_path home, instance and free ports, so workers never share state.
+# --dist loadfile keeps a file's tests on one worker: module-scoped servers (lakeFS, SeaweedFS,
+# the browser) start once per file, not once per worker.
+TEST_WORKERS ?= auto
+PYTEST := $(PY) -m pytest tests -q -n $(TEST_WORKERS) --dist loadfile
+
+# A newcomer's suite, under 15 minutes on 2 cores: every layer (unit, real torchrun, real HTTP,
+# real S3 and Postgres, one browser check, the docs' examples). Tests marked `full` (more cases of
+# paths make test already covers end to end) wait for `make test-all`; heavy ones for `make bench`.
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest tests -q -m "not heavy" --durations=30
+	$(PYTEST) -m "not heavy and not full" --durations=20
+
+# The complete suite: make test's tests and the `full` ones (what CI runs, .ci/run).
+test-all: $(STAMP) $(CHROMIUM)
+	$(PYTEST) -m "not heavy" --durations=30
 
 # The harness's smoke runs, then every row of the table at full size in one run (sweeps and FSDP
 # memory included; under 30 minutes); writes benchmarks/results.json and BENCHMARKS.md's table.

@@ -28,23 +28,6 @@ from tests.support.lakefs_server import LakeFSTestServer
 from tests.support.store_backends import fresh_repository_name, make_lakefs_store
 
 REAL_LAKEFS_ENV = ("LAKEFS_ENDPOINT", "LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY")
-# The user property under which lakefs_conformance/test_lakefs_wrapper_suite.py records the
-# counts of lakeFS's own suite; pytest_terminal_summary below prints them.
-SUITE_PROPERTY = "lakefs_wrapper_suite"
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """Print lakeFS's wrapper suite's own counts where ``make test`` shows them: that suite runs
-    as one test here, whose "1 passed" would hide how many of lakeFS's tests ran, skipped or
-    were deselected, and why. Read from the test's reports, so it works under xdist too when
-    this conftest is loaded in the controlling process (a run of tests/store or below)."""
-    reports = [r for name, rows in terminalreporter.stats.items() if name != "warnings" for r in rows
-               if getattr(r, "when", None) == "call"]
-    for report in reports:
-        for name, value in getattr(report, "user_properties", ()):
-            if name == SUITE_PROPERTY:
-                terminalreporter.write_sep("-", "lakeFS's own wrapper tests (tests/store/lakefs_conformance)")
-                terminalreporter.write_line(str(value))
 
 
 @pytest.fixture

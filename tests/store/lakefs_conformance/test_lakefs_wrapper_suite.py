@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.conftest import REAL_LAKEFS_ENV, SUITE_PROPERTY
+from tests.conftest import SUITE_PROPERTY
+from tests.store.conftest import REAL_LAKEFS_ENV
 
 HERE = Path(__file__).parent
 REPORT = HERE.parents[2] / "test-artifacts" / "lakefs-conformance.json"
