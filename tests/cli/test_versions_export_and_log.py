@@ -158,3 +158,16 @@ def test_log_of_a_branch_that_does_not_exist_or_of_an_empty_store_says_so(tmp_pa
     assert status == 2 and "'nope' is not a branch, tag or commit of the store" in err and "its branches: main" in err
     status, _, err = cli(tmp_path, "log", "-n", "0")
     assert status == 2 and "-n must be at least 1, got 0" in err
+
+
+def test_log_has_help_and_is_listed(capsys):
+    from pipelines.cli.parser import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["log", "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and out.startswith("usage: python -m pipelines log")
+    assert all(option in out for option in ("--branch", "-n N", "--first-parent", "--json"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    assert "log" in capsys.readouterr().out
