@@ -174,3 +174,12 @@ def test_a_pinned_or_newest_version_of_another_locations_dataset_says_when_newer
     assert dataset_notes(newest, args, profile) == [
         "note: dataset 'books' (location 'library')'s sources differ from its newest version books-d1's; books_lm "
         "trains on books-d1: that location makes the new version (its job books_training), then train again"]
+
+
+def test_train_on_a_dataset_pipeline_names_the_pipelines_that_train_on_it(capsys):
+    from pipelines.cli import main
+
+    assert main(["train", "diabetes", "--workspace", str(REPO / "workspace.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: pipeline 'diabetes' (code location 'platform') prepares a dataset and trains no model; the "
+        "pipeline(s) that train on it: diabetes_mlp (e.g. `python -m pipelines train diabetes_mlp`)")
