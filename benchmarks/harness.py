@@ -25,7 +25,9 @@ SIZES = {
              "retrain_epochs": 1,
              # too small for the size-based units (at least 2**20 parameters each): its blocks by class name
              "fsdp": {"d_model": 64, "layers": 4, "vocab": 256, "heads": 4, "batch": 2, "seq": 32, "steps": 1,
-                      "units": "UserBlock"}},
+                      "units": "UserBlock"},
+             # 5e through python -m pipelines train: a team's transformer, two blocks of width 64
+             "fsdp_train": {"d_model": 64, "layers": 2, "heads": 2, "seq": 32, "batch": 2, "chars": 12000}},
     "full": {"reps": 3, "loader_seconds": 2.0, "rows_4k": 17000, "rows_192k": 1420, "stall_seconds": 4.0,
              "pre_rows": 12000, "pre_dim": 256, "ckpt_hidden": 2048, "ckpt_reps": 5, "scale_steps": 40,
              # 5b: two ranks on two cores vary by about 10 % from run to run; 5 alternated runs
@@ -41,7 +43,10 @@ SIZES = {
              "retrain_epochs": 1,
              # 24 blocks of d_model 1024: 302 M parameters in the blocks, 311 M in all
              "fsdp": {"d_model": 1024, "layers": 24, "vocab": 4096, "heads": 16, "batch": 4, "seq": 128,
-                      "steps": 1, "units": ""}},  # units: the size-based policy
+                      "steps": 1, "units": ""},  # units: the size-based policy
+             # 5e through python -m pipelines train: a team's transformer like the 144M one,
+             # 12 blocks of d_model 1024 (151 M parameters), one epoch of a few steps
+             "fsdp_train": {"d_model": 1024, "layers": 12, "heads": 16, "seq": 128, "batch": 2, "chars": 12000}},
 }
 IMAGE_PEERS = ("streaming", "webdataset")
 PEERS = ("streaming", "webdataset", "pandas")

@@ -161,6 +161,56 @@ def bench_fsdp_memory(ctx: Ctx) -> dict:
             "python": sys.version.split()[0], "runs": runs}
 
 
+# ---------------------------------------------------------------- 5e. FSDP as a user runs it
+def bench_fsdp_train(ctx: Ctx) -> dict:
+    """DDP, then FSDP, each one ``python -m pipelines train`` of a team's own transformer from a
+    code location outside the repository (benchmarks/fsdp_train.py): the workers' per-rank peak
+    RSS (the kernel's VmHWM: the saves included) with no allocator setting of the user's own."""
+    m = ctx.p["fsdp_train"]
+    with tempfile.TemporaryDirectory(dir=ctx.data, prefix="fsdp-train-") as tmp:
+        out = Path(tmp) / "fsdp_train.json"
+        cmd = [ctx.py, "-m", "benchmarks.fsdp_train", "--out", str(out), "--work", tmp,
+               "--d-model", str(m["d_model"]), "--layers", str(m["layers"]), "--heads", str(m["heads"]),
+               "--seq", str(m["seq"]), "--batch", str(m["batch"]), "--chars", str(m["chars"]),
+               "--timeout", str(ctx.p["timeout"] * 2)]
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+        env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=ctx.p["timeout"] * 5, env=env, cwd=REPO)
+        except subprocess.TimeoutExpired as e:
+            raise ProbeError(f"{' '.join(cmd)} ran past {ctx.p['timeout'] * 5} s") from e
+        if p.returncode != 0 or not out.exists():
+            raise ProbeError(f"{' '.join(cmd)} exited {p.returncode}: {(p.stderr or p.stdout)[-2500:]}")
+        r = json.loads(out.read_text())
+    runs = r["runs"]
+    peak = {k: v["peak_rss_bytes"] for k, v in runs.items()}
+    save = {k: max(x["save_rss_bytes"] for x in v["ranks"].values()) for k, v in runs.items()}
+    steps = {k: max(x["steps_rss_bytes"] for x in v["ranks"].values()) for k, v in runs.items()}
+    step = {k: v["step_time_s"] for k, v in runs.items()}
+    return {"model": r["model"], "runs": runs, "peak_rss_bytes": peak, "save_rss_bytes": save, "steps_rss_bytes": steps,
+            "fsdp_vs_ddp": peak["fsdp"] / peak["ddp"],
+            "step_fsdp_vs_ddp": step["fsdp"] / step["ddp"] if step["fsdp"] and step["ddp"] else None,
+            "python": sys.version.split()[0]}
+
+
+def _render_fsdp_train(s: dict, rows: Rows) -> None:
+    mb, m, runs = s["peak_rss_bytes"], s["model"], s["runs"]
+    f, d = runs["fsdp"], runs["ddp"]
+    wrapping = (f.get("wrapping") or {})
+    side = (f"peak RSS per rank (VmHWM, saves included): DDP {mb['ddp'] / 2**20:,.0f} MB, FSDP "
+            f"{mb['fsdp'] / 2**20:,.0f} MB; sampled in the steps DDP {s['steps_rss_bytes']['ddp'] / 2**20:,.0f} / FSDP "
+            f"{s['steps_rss_bytes']['fsdp'] / 2**20:,.0f} MB, in the saves (best weights, checkpoint, model) DDP "
+            f"{s['save_rss_bytes']['ddp'] / 2**20:,.0f} / FSDP {s['save_rss_bytes']['fsdp'] / 2**20:,.0f} MB; "
+            f"{'FSDP units ' + str(wrapping['units']) + ' (' + wrapping['unit_policy'] + '); ' if 'units' in wrapping else ''}"
+            f"step {fmt(s['step_fsdp_vs_ddp'])}× DDP's; FSDP checkpoint {f['checkpoints']['bytes'] / 2**20:,.0f} MB "
+            f"+ best weights {f['checkpoints']['best_bytes'] / 2**20:,.0f} MB for a "
+            f"{(f['model_bytes'] or 0) / 2**20:,.0f} MB model; workers' MALLOC_MMAP_THRESHOLD_ from the launcher")
+    rows.add(f"5e. FSDP per-rank peak memory vs DDP through `python -m pipelines train`: a team's transformer "
+             f"({m['layers']} blocks of its own class, d_model {m['d_model']}) from a location outside the repo, "
+             f"2 gloo ranks, {m['batch_per_rank']}×{m['seq']} tokens/rank, final save included",
+             f"{fmt(s['fsdp_vs_ddp'])}× DDP", side, "≤ 0.6× DDP", s["fsdp_vs_ddp"] <= 0.6, how="each sharding once, in turn")
+
+
 # ---------------------------------------------------------------- rows
 def render(b: dict, rows: Rows) -> None:
     """Rows 4a, 4b, 5, 5b and 5c of ``b`` (results.json's ``benchmarks``)."""
@@ -220,7 +270,9 @@ def render(b: dict, rows: Rows) -> None:
         rows.add("5d. … with activation checkpointing per unit", f"{fmt(s['fsdp_ac_vs_ddp'])}× DDP; step time "
                  f"{fmt(s['step_fsdp_ac_vs_ddp'])}× DDP's", "(as 5c)", "≤ 0.4× DDP", s["fsdp_ac_vs_ddp"] <= 0.4,
                  how=how)
+    if measured(b.get("fsdp_train")):
+        _render_fsdp_train(b["fsdp_train"], rows)
 
 
 RUNNERS = {"checkpoint": bench_checkpoint, "scaling": bench_scaling, "guards": bench_guards,
-           "fsdp_memory": bench_fsdp_memory}
+           "fsdp_memory": bench_fsdp_memory, "fsdp_train": bench_fsdp_train}
