@@ -90,3 +90,22 @@ def test_a_unit_name_the_model_lacks_fails_the_launch_once_before_reading_data(d
     assert "train.fsdp_units names ['bogus']" in attempt.reason and "'TeamBlock'" in attempt.reason
     assert "check_unit_names" in proc.stderr  # the context's check on the meta device, not the real build's
     assert not (root / "bogus" / "out" / "model.safetensors").exists()
+
+
+def test_the_train_command_refuses_activation_checkpointing_under_ddp_before_running(tmp_path):
+    """What a user types: refused by the CLI itself (exit 2), nothing launched, the fix named."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+    env.update(DAGSTER_HOME=str(tmp_path), PYTHONPATH=str(repo))
+    proc = subprocess.run([sys.executable, "-m", "pipelines", "train", "digits", "--set",
+                           "train.activation_checkpointing=true"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "recipe.activation_checkpointing': is True, but recipe.sharding is 'ddp'" in proc.stderr
+    assert "set recipe.sharding to 'fsdp'" in proc.stderr
+    assert not (tmp_path / "platform" / "launches").exists()  # no training was launched
