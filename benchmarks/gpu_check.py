@@ -367,7 +367,7 @@ def loader_alone(name: str, config: dict, seconds: float) -> dict:
     def epochs(e: int):
         if e:
             raise RuntimeError("chained epochs never end")
-        for _, loader in chained_epochs(make_loader, 0, steps_per_epoch(n, 1, t.batch_size), 10**12):
+        for _, loader in chained_epochs(make_loader, 0, steps_per_epoch(n, t.batch_size), 10**12):
             for batch in EpochBatches(loader, info):
                 ready()
                 yield batch["input"], batch.get("target", batch["input"])

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from training_runtime.data.sampling import SAMPLE_ORDERS
+
 SHARD_FORMAT = "model-factory.shards/v1"
 SHARD_FORMAT_V2 = "model-factory.shards/v2"
 OPTIMIZERS = ("adamw", "sgd")
@@ -68,6 +70,25 @@ class DataConfig:
         "s3:// shards each rank fetches ahead of its reads, in the order it will read them, while "
         "data.cache_limit has room (0: fetch only when a batch needs a shard).",
         default=2,
+    )
+    partitions: int = _doc(
+        "Canonical partitions P of each epoch's sample order (data.sample_order 'partitioned'): the order "
+        "depends on the seed, the epoch and P, never on the world size, so a run may resume at any world "
+        "size that divides P. 0: the world size of the run's first launch. A resumed run keeps its "
+        "checkpoint's P. For runs that may resize, set a number with many divisors, e.g. 12.",
+        default=0,
+    )
+    shuffle_block: int = _doc(
+        "Shards whose samples are shuffled together (data.sample_order 'partitioned'): the epoch permutes "
+        "the shards, then shuffles samples within each run of this many consecutive shards. Larger: more "
+        "mixing; each rank then reads about this many shards at once per partition it holds.",
+        default=4,
+    )
+    sample_order: str = _doc(
+        "'partitioned': the order above. 'global': torch DistributedSampler's (a permutation of all "
+        "samples strided by rank; it depends on the world size), the order of runs made before "
+        "data.partitions existed, kept so that their versions reproduce.",
+        default="partitioned",
     )
 
 
@@ -400,6 +421,7 @@ class RunConfig:
             raise ConfigError(f"data.cache_limit must be a positive number of bytes or null, got {self.data.cache_limit!r}")
         if not isinstance(self.data.read_ahead, int) or self.data.read_ahead < 0:
             raise ConfigError(f"data.read_ahead must be a number of shards >= 0, got {self.data.read_ahead!r}")
+        self._validate_sample_order()
         if self.launch < 1:
             raise ConfigError(f"launch must be >= 1, got {self.launch}")
         if self.telemetry.every_steps < 1:
@@ -505,6 +527,16 @@ class RunConfig:
                               f"{build.input_shape} and {build.num_outputs} outputs (task {task.name!r}): {e}") from e
         return build
 
+    def _validate_sample_order(self) -> None:
+        d = self.data
+        _check_choice("data.sample_order", d.sample_order, SAMPLE_ORDERS)
+        n = d.manifest["splits"]["train"]["num_samples"]
+        if not 0 <= d.partitions <= n:
+            raise ConfigError(f"data.partitions must be between 0 (the first launch's world size) and the {n} "
+                              f"training samples, got {d.partitions}")
+        if d.shuffle_block < 1:
+            raise ConfigError(f"data.shuffle_block must be >= 1 shard, got {d.shuffle_block}")
+
     def validate_world_size(self, world_size: int) -> None:
         """Fail before training when the run cannot be split over ``world_size`` ranks."""
         t = self.train
@@ -515,6 +547,8 @@ class RunConfig:
                 f"train.grad_accum_steps ({t.grad_accum_steps}) = {per_step}; choose a multiple of "
                 f"{per_step} or change the number of ranks"
             )
+        if self.data.sample_order == "partitioned" and self.data.partitions:
+            check_partitions(self.data.partitions, world_size, "data.partitions")
         n = self.data.manifest["splits"]["train"]["num_samples"]
         if world_size > n:
             raise ConfigError(
@@ -529,6 +563,17 @@ class RunConfig:
 
 
 # -------------------------------------------------------------------- helpers
+def check_partitions(partitions: int, world_size: int, source: str) -> None:
+    """A world size must divide the run's canonical partitions: each rank then holds whole ones.
+    ``source`` says where P comes from (the setting, or the checkpoint that fixed it)."""
+    if partitions % world_size:
+        fits = [w for w in range(1, partitions + 1) if partitions % w == 0]
+        raise ConfigError(
+            f"world size {world_size} does not divide {source}={partitions}, the canonical partitions of this "
+            f"run's sample order: run it on {fits} ranks. For a run that must change size, set "
+            "data.partitions to a number with many divisors (e.g. data.partitions=12) at its first launch")
+
+
 def fsdp_problems(*, sharding: str, fsdp_units: Any, fsdp_unit_params: Any, activation_checkpointing: Any,
                   section: str = "train") -> list[tuple[str, str]]:
     """(field, problem) for FSDP settings that cannot apply; empty when all can. Shared by

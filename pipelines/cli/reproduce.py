@@ -34,6 +34,7 @@ def reproduction_config(record: dict, manifest: dict, locations: dict[str, str],
                          f"{resolved['data']['commit_id']} but it records {record['data']['shards_commit']}")
     config = {k: json.loads(json.dumps(resolved[k])) for k in RUNTIME_KEYS if k in resolved}
     config["data"].update(manifest=manifest, locations=locations, cache_dir=str(work_dir / "shard_cache"))
+    config["data"].setdefault("sample_order", "global")  # what runs recorded before data.sample_order trained in
     config["checkpoint"]["dir"] = str(work_dir / "checkpoints")
     config["output_dir"] = str(work_dir / "output")
     return config

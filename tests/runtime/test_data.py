@@ -47,7 +47,11 @@ def test_global_batches_do_not_depend_on_world_size():
 @pytest.mark.parametrize("n, world, batch, expected", [(192, 2, 16, 12), (193, 2, 16, 13),
                                                        (10, 4, 4, 3), (1437, 8, 64, 23)])
 def test_steps_per_epoch(n, world, batch, expected):
-    assert steps_per_epoch(n, world, batch) == expected
+    """ceil(N / B) for any world size: the global order's padding to a multiple of the world
+    size never adds a step, since the world size divides B."""
+    assert steps_per_epoch(n, batch) == expected
+    per_rank = -(-n // world)
+    assert -(-per_rank // (batch // world)) == expected  # the global order's steps, rank by rank
 
 
 @pytest.fixture(scope="module")

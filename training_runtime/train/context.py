@@ -7,7 +7,10 @@
 - ``steps_per_epoch``, ``total_steps``, ``local_batch_size``: the schedule the config implies.
 - ``epochs(start_step)``: ``(epoch, batches)`` over the training split from a step on, this
   rank's share, shuffled per epoch by the seed, augmented (images) by (seed, epoch, sample), with
-  the next epoch prefetched; batches are ``{"input", "target"}`` dicts on ``device``.
+  the next epoch prefetched; batches are ``{"input", "target"}`` dicts on ``device``. The epoch's
+  order does not depend on the world size (``data.partitions``, data/sampling.py): a run resumed
+  at another world size continues it. ``sample_indices(epoch)`` and ``shard_schedule(epoch)``:
+  which samples this rank reads, and which shards, in order.
 - ``split(name)``: a split memory-mapped (after its shards' sha256 were checked).
 - ``build_model()``: the configured model, seeded the same on every rank, wrapped for DDP/FSDP.
 - ``evaluate(model, split)``: the task's metrics on a whole split (collective).
@@ -45,10 +48,16 @@ from torch import nn
 
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.checkpoint.weights import StoredWeights
-from training_runtime.config import ConfigError, RunConfig
+from training_runtime.config import ConfigError, RunConfig, check_partitions
 from training_runtime.data.batches import split_loader
 from training_runtime.data.prefetch import chained_epochs
-from training_runtime.data.sampling import epoch_indices, steps_per_epoch
+from training_runtime.data.sampling import (
+    ShardUse,
+    epoch_indices,
+    rank_epoch_indices,
+    shard_schedule,
+    steps_per_epoch,
+)
 from training_runtime.data.cache import ShardCache, default_cache_limit, shard_refs
 from training_runtime.data.split import open_streaming_split
 from training_runtime.distributed.fsdp import (
@@ -129,8 +138,14 @@ class TrainingContext:
         if is_sharded(t.sharding):  # unit names the model lacks fail here, before any shard is read
             check_unit_names(self.model_build.build, parse_unit_names(t.fsdp_units))
         self.num_train_samples = config.data.manifest["splits"]["train"]["num_samples"]
+        self.train_shard_sizes = [s["num_samples"] for s in config.data.manifest["splits"]["train"]["shards"]]
         self.local_batch_size = t.batch_size // dist_info.world_size
-        self.steps_per_epoch = steps_per_epoch(self.num_train_samples, dist_info.world_size, t.batch_size)
+        self.steps_per_epoch = steps_per_epoch(self.num_train_samples, t.batch_size)
+        # data.partitions 0 is the first launch's world size. It is resolved here, so checkpoints
+        # and resolved_config.json record the number; a resumed run takes its checkpoint's.
+        self._configured_partitions = config.data.partitions
+        if config.data.partitions == 0:
+            config.data.partitions = dist_info.world_size
         all_steps = t.epochs * self.steps_per_epoch
         self.total_steps = all_steps if t.max_steps is None else min(t.max_steps, all_steps)
         self._splits: dict[str, Any] = {}
@@ -252,10 +267,24 @@ class TrainingContext:
                 "cache_evictions": stats.get("evictions", 0), "cache_refetches": stats.get("refetches", 0),
                 "cache_reused": stats.get("reused", 0)}
 
+    def sample_indices(self, epoch: int) -> np.ndarray:
+        """This rank's training sample indices of epoch ``epoch``, in the order its batches take them
+        (``local_batch_size`` per global step; data/sampling.py)."""
+        t, d = self.config.train, self.config.data
+        if d.sample_order == "global":
+            return epoch_indices(self.num_train_samples, self.world_size, self.rank, epoch, t.seed)
+        return rank_epoch_indices(self.train_shard_sizes, t.seed, epoch, d.partitions, self.world_size, self.rank,
+                                  t.batch_size, d.shuffle_block)
+
+    def shard_schedule(self, epoch: int) -> list[ShardUse]:
+        """The training shards this rank reads in epoch ``epoch``, in the order it first reads them,
+        with the first and last of its batches that read each (``data.sampling.shard_schedule``)."""
+        return shard_schedule(self.sample_indices(epoch), self.train_shard_sizes, self.local_batch_size)
+
     def epoch_loader(self, epoch: int, start_step: int = 0):
         """The raw loader of this rank's share of training epoch ``epoch`` from its step ``start_step``."""
         t = self.config.train
-        idx = epoch_indices(self.num_train_samples, self.world_size, self.rank, epoch, t.seed)
+        idx = self.sample_indices(epoch)
         loader = split_loader(self.split("train"), self.data_info, idx, self.local_batch_size, start_step, self.device,
                               epoch=epoch, seed=t.seed, augment=t.augment, num_workers=t.num_workers,
                               prefetch_batches=t.prefetch_batches)
@@ -384,16 +413,43 @@ class TrainingContext:
             raise ConfigError(
                 f"checkpoint.dir {root} holds checkpoints of a different run ({path}: model, data or "
                 "train settings differ); use a fresh checkpoint.dir or restore the original config")
+        self._continue_sample_order(state["config"]["data"], path)
         if state["world_size"] == self.world_size:
             ckpt.set_rng_state(state["rng"][self.rank], self.device)
+        elif self.config.data.sample_order == "partitioned":
+            log.warning("checkpoint %s was written by %d ranks, this run has %d: the same sample order "
+                        "continues (data.partitions=%d), so every step averages the gradient of the same "
+                        "samples; the weights equal an uninterrupted run's up to floating-point reduction "
+                        "order, and each rank's RNG streams (dropout) are reseeded",
+                        path, state["world_size"], self.world_size, self.config.data.partitions)
         else:
-            log.warning("checkpoint %s was written by %d ranks, this run has %d: RNG streams are "
-                        "reseeded, so the run is not bit-identical to an uninterrupted one",
-                        path, state["world_size"], self.world_size)
+            log.warning("checkpoint %s was written by %d ranks, this run has %d: data.sample_order 'global' "
+                        "depends on the world size, so the rest of this epoch repeats some samples and skips "
+                        "others; RNG streams are reseeded", path, state["world_size"], self.world_size)
         self.last_checkpoint_step = self.resumed_from_step = int(state["step"])
         if self.is_main:
             self.reporter.info(f"resumed from checkpoint {path} at step {state['step']}")
         return state
+
+    def _continue_sample_order(self, saved: dict[str, Any], path: str) -> None:
+        """Take the checkpoint's sample order: its position means something in that order only.
+        A checkpoint written before data.sample_order existed was written in the global order."""
+        d = self.config.data
+        order = saved.get("sample_order", "global")
+        partitions, block = saved.get("partitions", 0), saved.get("shuffle_block", d.shuffle_block)
+        asked = {"sample_order": d.sample_order, "shuffle_block": d.shuffle_block,
+                 **({"partitions": self._configured_partitions} if self._configured_partitions else {})}
+        kept = {"sample_order": order, "shuffle_block": block, "partitions": partitions}
+        # a global-order checkpoint has no partitions or blocks to differ in
+        differ = {k: v for k, v in asked.items() if v != kept[k] and (order == "partitioned" or k == "sample_order")}
+        if differ:
+            log.warning("checkpoint %s continues its own sample order: %s, not this config's %s",
+                        path, ", ".join(f"data.{k}={kept[k]!r}" for k in differ),
+                        ", ".join(f"{k}={v!r}" for k, v in differ.items()))
+        d.sample_order = order
+        if order == "partitioned":
+            check_partitions(partitions, self.world_size, f"data.partitions of checkpoint {path}")
+            d.partitions, d.shuffle_block = partitions, block
 
     # ------------------------------------------------------------ reporting
     def report(self, step: int, **metrics: Any) -> None:
