@@ -109,6 +109,17 @@ def test_reproduction_config_points_at_the_recorded_commit_and_a_new_work_dir(tm
     assert record["training"]["config"]["output_dir"] == "/tmp/out"  # the record is not modified
 
 
+def test_a_record_without_a_sample_order_reproduces_in_the_global_order_it_trained_in(tmp_path):
+    """Records made before data.sample_order trained in DistributedSampler's order; newer ones say theirs."""
+    old = make_record(1)
+    assert "sample_order" not in old["training"]["config"]["data"]
+    assert reproduce.reproduction_config(old, {}, {}, tmp_path)["data"]["sample_order"] == "global"
+    new = make_record(1)
+    new["training"]["config"]["data"].update(sample_order="partitioned", partitions=4)
+    data = reproduce.reproduction_config(new, {}, {}, tmp_path)["data"]
+    assert (data["sample_order"], data["partitions"]) == ("partitioned", 4)
+
+
 def test_reproduction_config_refuses_an_inconsistent_record(tmp_path):
     record = make_record(1, **{"training.config.data.commit_id": "9" * 64})
     with pytest.raises(ValueError, match="inconsistent"):

@@ -216,3 +216,60 @@ def test_a_rank_reads_a_few_contiguous_runs_of_the_shuffled_shards():
         in_use = max(sum(s.first <= b <= s.last for s in schedule) for b in range(steps_per_epoch(6400, batch)))
         assert in_use <= 2 * block * (partitions // world) + 2
     assert sum(map(len, read)) <= 64 + partitions  # boundary shards: shared by two spans at most
+
+
+# ---------------------------------------------------------------- the settings
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    from tests.runtime.helpers import make_config, make_dataset
+
+    root = tmp_path_factory.mktemp("order_cfg")
+    manifest, locations = make_dataset(root, n_train=40, n_test=8, per_shard=16)
+    return make_config(root, manifest, locations, batch_size=24)
+
+
+def _with(base, **data):
+    import copy
+
+    d = copy.deepcopy(base)
+    d["data"].update(data)
+    return d
+
+
+def test_the_defaults_are_the_partitioned_order_on_the_first_launchs_world_size(base):
+    from training_runtime.config import RunConfig
+
+    cfg = RunConfig.from_dict(base)
+    assert (cfg.data.sample_order, cfg.data.partitions, cfg.data.shuffle_block) == ("partitioned", 0, 4)
+    for world in (1, 2, 3, 4, 8):  # with P=0 any world size is its own first launch
+        cfg.validate_world_size(world)
+
+
+def test_a_world_size_that_does_not_divide_data_partitions_is_refused_with_the_sizes_that_fit(base):
+    from training_runtime.config import ConfigError, RunConfig
+
+    cfg = RunConfig.from_dict(_with(base, partitions=6))
+    for world in (1, 2, 3, 6):
+        cfg.validate_world_size(world)
+    with pytest.raises(ConfigError) as e:
+        cfg.validate_world_size(4)
+    assert ("world size 4 does not divide data.partitions=6, the canonical partitions of this run's sample "
+            "order: run it on [1, 2, 3, 6] ranks") in str(e.value)
+    assert "data.partitions=12" in str(e.value)
+    # the global order has no partitions to divide
+    RunConfig.from_dict(_with(base, partitions=6, sample_order="global")).validate_world_size(4)
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"partitions": -1}, "data.partitions must be between 0 (the first launch's world size) and the 40 training "
+                         "samples, got -1"),
+    ({"partitions": 41}, "and the 40 training samples, got 41"),
+    ({"shuffle_block": 0}, "data.shuffle_block must be >= 1 shard, got 0"),
+    ({"sample_order": "random"}, "data.sample_order must be one of ['partitioned', 'global'], got 'random'"),
+])
+def test_bad_order_settings_are_refused(base, data, message):
+    from training_runtime.config import ConfigError, RunConfig
+
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_dict(_with(base, **data))
+    assert message in str(e.value)
