@@ -98,3 +98,20 @@ def test_two_fsdp_ranks_write_the_whole_model_once(data):
     assert runs["fsdp"].keys() == runs["ddp"].keys()
     for k, v in runs["fsdp"].items():
         torch.testing.assert_close(v, runs["ddp"][k], rtol=1e-4, atol=1e-5)
+
+
+def test_two_ranks_with_units_keep_their_best_weights_and_save_them(data):
+    """2 gloo ranks, a unit per block (so every block's parameters are DTensors to gather), keep_best:
+    the best weights' file is written in step by both ranks while rank 0 writes, and copied."""
+    root, manifest, locations = data
+    cfg = make_config(root, manifest, locations, name="two-units", model=TEAM_NET,
+                      model_kwargs={"width": 64, "blocks": 4}, sharding="fsdp", fsdp_units="TeamBlock")
+    cfg["validation"] = {"every_steps": 2, "keep_best": True}
+    proc = torchrun(cfg, root / "two-units.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    card = json.loads(Path(cfg["output_dir"], "model_card.json").read_text())
+    (step, best), = ckpt.list_checkpoints(Path(cfg["checkpoint"]["dir"]) / "best")
+    assert card["training"]["weights_from_step"] == step
+    assert _sha(best / "model.safetensors") == card["weights"]["sha256"]
+    weights = load_file(f"{cfg['output_dir']}/model.safetensors")
+    assert weights["blocks.3.mlp.0.weight"].shape == (256, 64)  # whole, not a rank's shard

@@ -103,7 +103,7 @@ def write_safetensors(path: str | Path, state: Mapping[str, torch.Tensor], metad
                 _write_all(f, memoryview(head))
             for name in order:
                 t = stored[name]
-                whole = t.full_tensor() if _is_dtensor(t) else t  # the collective, on every rank
+                whole = _gathered(t) if _is_dtensor(t) else t  # the collective, on every rank
                 if f is not None and whole.numel():
                     data = whole.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
                     view = memoryview(data)
@@ -114,6 +114,18 @@ def write_safetensors(path: str | Path, state: Mapping[str, torch.Tensor], metad
             if f is not None:
                 f.close()
     return shared, digest.hexdigest() if digest is not None else None
+
+
+def _gathered(t: torch.Tensor) -> torch.Tensor:
+    """The whole of DTensor ``t``, waited for on this rank. ``full_tensor`` hands back an
+    asynchronous result; a rank that does not use it (all but the writer) would otherwise race
+    ahead, issuing one all-gather after another while the writer is still writing, and gloo's
+    worker threads then paired buffers of different tensors ("Received data size doesn't match
+    expected size", seen with a 151M-parameter model of 24 units on 2 ranks)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    whole = t.full_tensor()
+    return whole.wait() if isinstance(whole, AsyncCollectiveTensor) else whole
 
 
 class _nowhere:
