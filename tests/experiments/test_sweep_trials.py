@@ -288,3 +288,22 @@ def test_a_sweep_killed_after_a_pruned_trial_ended_keeps_it_pruned_and_counts_ev
     for n in finished:
         assert by_number[n].attempts == 1 and by_number[n].runs == ["killed-run"] and not by_number[n].resumed
     assert result.summary()["pruned"] >= 1 and result.summary()["trials"] == 6
+
+
+def test_how_a_run_worker_died_is_read_from_the_killed_run_s_log():
+    """The retry names the death in Dagster's own words (the code server's or the run monitor's),
+    without its guess about memory; a run that failed in a step has no such words."""
+    import dagster as dg
+
+    from ops.sweep import worker_death
+
+    with dg.instance_for_test() as instance:
+        runs = [instance.create_run_for_job(dg.GraphDefinition("g").to_job()) for _ in range(3)]
+        instance.report_engine_event("Run execution process for r0 was terminated by signal 9 (SIGKILL). This "
+                                     "usually indicates that the process was killed by the operating system", runs[0])
+        instance.report_run_failed(runs[1], "Detected run worker status WorkerStatus.FAILED: 'run worker process 4242 "
+                                            "is gone (killed or crashed)'. Marking run r1 as failed")
+        instance.report_run_failed(runs[2], "Execution of step 'train' failed.")
+        assert worker_death(instance, runs[0].run_id) == "its process was terminated by signal 9 (SIGKILL)"
+        assert worker_death(instance, runs[1].run_id) == "run worker process 4242 is gone (killed or crashed)"
+        assert worker_death(instance, runs[2].run_id) is None
