@@ -43,12 +43,13 @@ RUN apt-get update \
  && python3 -m venv /opt/venv
 
 # torch from the CUDA wheel index (it brings the nvidia-* CUDA, cuDNN and NCCL packages); the rest
-# from PyPI. nvidia-ml-py and psutil feed the runtime's telemetry, boto3 reads s3:// shards,
+# from PyPI. nvidia-ml-py and psutil feed the runtime's telemetry, boto3 reads s3:// shards
+# (the shard cache names botocore's retry settings and urllib3's errors itself, so both are stated),
 # simplejpeg and pillow decode image shards in the loader, torchmetrics computes the tasks'
 # metrics, safetensors writes the weights, onnx and onnxruntime export and check the model,
 # tokenizers reads a language model's tokenizer, tensorboard writes the run's event files.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && pip install "numpy>=2.0" "boto3>=1.34" "nvidia-ml-py>=12" "psutil>=5.9" "simplejpeg>=1.7" "pillow>=10" \
+ && pip install "numpy>=2.0" "boto3>=1.34" "botocore>=1.34" "urllib3>=1.26" "nvidia-ml-py>=12" "psutil>=5.9" "simplejpeg>=1.7" "pillow>=10" \
       "torchmetrics>=1.4" "safetensors>=0.4" "onnx>=1.16" "onnxruntime>=1.18" "tokenizers>=0.15.1" \
       "tensorboard>=2.16" "dagster-pipes==${DAGSTER_PIPES_VERSION}"
 
