@@ -51,6 +51,42 @@ def test_streamed_weights_are_the_bytes_safetensors_writes(tmp_path):
         (shared, None) and not (tmp_path / "elsewhere.safetensors").exists()
 
 
+class _Sharded:
+    """A DTensor's face as write_safetensors reads it: ``detach()`` makes a new object each call, as
+    FSDP2's ``state_dict()`` does, so an ``id()`` names a temporary that is freed at once."""
+
+    def __init__(self, local: torch.Tensor):
+        self.local, self.shape, self.dtype = local, local.shape, local.dtype
+
+    def detach(self):
+        return _Sharded(self.local)
+
+    def to_local(self):
+        return self.local
+
+    def full_tensor(self):
+        return self.local
+
+    def numel(self):
+        return self.local.numel()
+
+
+def test_sharded_entries_are_told_apart_by_storage_and_ties_found():
+    """The ranks' stored lists must agree (every gather is a collective): an id() of the detached
+    temporaries was reused from one entry to the next, so a rank took some tensors for ties of
+    others and skipped their gathers, and gloo paired buffers of different tensors."""
+    from training_runtime.checkpoint.weights import stored_and_shared
+
+    tied = torch.randn(4, 3)
+    state = {f"w{i}": _Sharded(torch.randn(4, 3)) for i in range(6)}
+    state["head"] = _Sharded(tied)
+    state["embed"] = _Sharded(tied)
+    state["empty"] = _Sharded(torch.empty(0, 3))
+    stored, shared = stored_and_shared(state)
+    assert shared == {"embed": "head"}
+    assert list(stored) == [*(f"w{i}" for i in range(6)), "head", "empty"]
+
+
 def _run(data, name: str, sharding: str, info, **validation):
     d = make_config(*data, name=name, model=TEAM_NET, model_kwargs={"width": 16, "blocks": 2}, sharding=sharding,
                     **({"fsdp_units": "TeamBlock"} if sharding == "fsdp" else {}))

@@ -35,29 +35,41 @@ def _is_dtensor(t: Any) -> bool:
 
 
 def _identity(t: torch.Tensor) -> tuple | None:
-    """What makes two state-dict entries the same tensor (tied weights); None for empty ones."""
+    """What makes two state-dict entries the same tensor (tied weights); None for empty ones.
+    The storage, never ``id()``: ``state_dict()`` detaches every entry into a new object (a
+    DTensor too), so ids neither find ties nor stay unique once a temporary is freed. A DTensor
+    is keyed by its local shard's storage and its global shape: tied parameters are one FSDP
+    parameter, so their shards share storage."""
     local = t.to_local() if _is_dtensor(t) else t
-    if not local.numel() and not t.numel():
+    if not local.numel() or not t.numel():
         return None
-    return (id(t),) if _is_dtensor(t) else (
-        local.device.type, local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape),
-        tuple(local.stride()), local.dtype)
+    return (local.device.type, local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape),
+            tuple(local.stride()), local.dtype, tuple(t.shape))
 
 
 def stored_and_shared(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The entries to store, and ``{name: stored name}`` for tied weights (the first name of a
-    tensor is stored, later ones refer to it), as ``serve.card._storable`` decides them."""
-    stored: dict[str, torch.Tensor] = {}
+    tensor is stored, later ones refer to it), as ``serve.card._storable`` decides them.
+
+    With DTensors under a process group this is rank 0's decision, broadcast: every rank must
+    gather the same tensors in the same order, and a rank whose shard of a tensor is empty cannot
+    see its ties (rank 0's shard of a non-empty tensor never is)."""
     shared: dict[str, str] = {}
     seen: dict[tuple, str] = {}
     for name, tensor in state.items():
         key = _identity(tensor.detach())
         if key is not None and key in seen:
             shared[name] = seen[key]
-            continue
-        if key is not None:
+        elif key is not None:
             seen[key] = name
-        stored[name] = tensor.detach()
+    if any(_is_dtensor(t) for t in state.values()):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            box = [shared]
+            dist.broadcast_object_list(box, src=0)
+            shared = box[0]
+    stored = {name: tensor.detach() for name, tensor in state.items() if name not in shared}
     return stored, shared
 
 
