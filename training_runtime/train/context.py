@@ -224,13 +224,13 @@ class TrainingContext:
         cfg, err, split = self.config, None, None
         try:
             refs = shard_refs(cfg.data.manifest, cfg.data.locations, name)
-            split = open_streaming_split(cfg.data.manifest, refs, name, self.shard_cache(refs))
+            split = open_streaming_split(cfg.data.manifest, refs, name, self._cache_for(refs))
         except Exception as e:  # re-raised on every rank by raise_if_any_failed
             err = e
         raise_if_any_failed(err, f"{name} shards", self.dist.io_group)
         self._splits[name] = split
 
-    def shard_cache(self, refs=()) -> ShardCache:
+    def _cache_for(self, refs=()) -> ShardCache:
         """This rank's shard cache (``<data.cache_dir>/rank-<local rank>``, this rank's share of
         ``data.cache_limit``), made when a split first needs it. One per rank, not per node: the
         ranks of a node read different shards, so sharing would add locks, not hits."""
@@ -245,7 +245,7 @@ class TrainingContext:
             self._shard_cache = ShardCache(directory, share, cfg.data.read_ahead, cfg.data.s3_endpoint_url)
         elif self._shard_cache.dir is None and any(not r.is_local for r in refs):
             old, self._shard_cache = self._shard_cache, None  # a later split streams from S3
-            self._shard_cache = self.shard_cache(refs)
+            self._shard_cache = self._cache_for(refs)
             self._shard_cache._verified_local |= old._verified_local
         return self._shard_cache
 
