@@ -265,6 +265,8 @@ class GuardsConfig:
         "...and exceeds the median by at least this many seconds per step (noise on tiny steps).", default=0.005)
     data_stall_share: float | None = _doc(
         "Warn when a rank waits for batches more than this share of its step time (null: off).", default=0.3)
+    data_stall_min_wait_s: float = _doc(
+        "...and more than this many seconds per step (noise on tiny steps).", default=0.005)
     gpu_max_temperature_c: float = _doc("Warn when a GPU reaches this temperature (NVML).", default=85.0)
     repeat_after_intervals: int = _doc(
         "A warning about the same detector and rank is repeated at most once per this many intervals.", default=10)
@@ -304,8 +306,9 @@ def guard_problems(guards: Any, *, collective_timeout_s: Any, collective_field: 
             problems.append((name, f"must be a finite number above 1, got {value}"))
     if g.data_stall_share is not None and not 0 < g.data_stall_share < 1:
         problems.append(("data_stall_share", f"must be between 0 and 1 (exclusive) or null, got {g.data_stall_share}"))
-    if g.straggler_min_excess_s < 0:
-        problems.append(("straggler_min_excess_s", f"must be >= 0, got {g.straggler_min_excess_s}"))
+    for name in ("straggler_min_excess_s", "data_stall_min_wait_s"):
+        if not getattr(g, name) >= 0:
+            problems.append((name, f"must be >= 0, got {getattr(g, name)}"))
     if not math.isfinite(g.gpu_max_temperature_c) or g.gpu_max_temperature_c <= 0:
         problems.append(("gpu_max_temperature_c", f"must be a positive number of degrees, got {g.gpu_max_temperature_c}"))
     hang = g.hang_timeout_s

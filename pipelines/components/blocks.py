@@ -55,7 +55,8 @@ _GUARDS_HELP = ("What watches the training, the built-in trainer and a train fun
                 "(no step for this long: stacks printed, the attempt retried; below recipe.collective_timeout_s; "
                 "null: off), nonfinite_skip_batches (0: a non-finite loss stops the run, not retried), "
                 "loss_spike_factor, loss_spike_window, straggler_factor, straggler_window, straggler_min_excess_s, "
-                "data_stall_share, gpu_max_temperature_c, repeat_after_intervals, enabled. Each is described in "
+                "data_stall_share, data_stall_min_wait_s, gpu_max_temperature_c, repeat_after_intervals, enabled. "
+                "Each is described in "
                 "training_runtime/config.py (GuardsConfig).")
 _PLACEMENT_HELP = ("Where training pods run on Kubernetes (core/placement.py): node_selector, tolerations, "
                    "affinity (as in a pod spec), priority_class (default: the chart's training class for "

@@ -50,6 +50,16 @@ def test_a_data_stall_names_the_rank_and_the_loader_settings():
                                        prefetch_batches=4) is None
 
 
+
+def test_a_few_milliseconds_of_waiting_on_tiny_steps_is_no_data_stall():
+    """A 10 ms CPU step that waited 4 ms (a thread scheduled late on a busy machine) is 40% of it,
+    and no stall worth a warning; the same share of 100 ms steps is."""
+    tiny = dict(threshold=0.3, loader_threads=2, prefetch_batches=4, min_wait_s=0.005)
+    assert guards.data_stall_detection(12, [0.1, 0.4], PLACES, wait_per_step_s=[0.001, 0.004], **tiny) is None
+    d = guards.data_stall_detection(12, [0.35, 0.4], PLACES, wait_per_step_s=[0.035, 0.004], **tiny)
+    assert d.rank == 0 and "35%" in d.message  # the rank whose wait is a stall, not the larger share
+
+
 def test_gpu_health_flags_heat_and_harmful_slowdowns_not_power_capping():
     found = guards.gpu_health_detections(5, [70.0, 91.0, 60.0], [["sw_power_cap"], [], ["hw_thermal_slowdown"]],
                                          None, max_temperature_c=85.0)
@@ -93,6 +103,7 @@ def test_no_timeout_means_no_watchdog():
 @pytest.mark.parametrize("field,value,message", [
     ("hang_timeout_s", 900.0, "must be below train.collective_timeout_s"),
     ("data_stall_share", 1.5, "between 0 and 1"),
+    ("data_stall_min_wait_s", -0.1, ">= 0"),
     ("straggler_factor", 0.5, "above 1"),
     ("nonfinite_skip_batches", -1, ">= 0"),
 ])

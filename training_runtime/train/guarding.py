@@ -187,10 +187,10 @@ class Guards:
 
     def check_health(self, step: int, *, steps: int, loss: float | None, compute_s: Sequence[float] | None,
                      wait_share: Sequence[float], temperatures: Sequence[float],
-                     slowdown_bits: Sequence[int]) -> None:
+                     slowdown_bits: Sequence[int], wait_s: Sequence[float] | None = None) -> None:
         """One telemetry interval's per-rank figures, the same on every rank: ``compute_s`` each
         rank's own work before any collective (None: not measured), ``wait_share`` its share of
-        step time spent waiting for batches, ``temperatures`` (-1: unknown) and NVML's harmful
+        step time spent waiting for batches (``wait_s`` the seconds), ``temperatures`` (-1: unknown) and NVML's harmful
         slowdown reasons as bits of guards.HARMFUL_SLOWDOWNS."""
         if not self.enabled:
             return
@@ -204,7 +204,10 @@ class Guards:
                                                        factor=g.straggler_factor, min_excess_s=g.straggler_min_excess_s))
         if g.data_stall_share is not None:
             self.detect(guards.data_stall_detection(step, wait_share, self.places, threshold=g.data_stall_share,
-                                                    loader_threads=t.num_workers, prefetch_batches=t.prefetch_batches))
+                                                    loader_threads=t.num_workers, prefetch_batches=t.prefetch_batches,
+                                                    wait_per_step_s=None if wait_s is None else
+                                                    [w / max(1, steps) for w in wait_s],
+                                                    min_wait_s=g.data_stall_min_wait_s))
         if any(temp >= 0 or bits for temp, bits in zip(temperatures, slowdown_bits)):
             slowdowns = [[name for i, name in enumerate(guards.HARMFUL_SLOWDOWNS) if int(bits) >> i & 1]
                          for bits in slowdown_bits]
