@@ -103,10 +103,31 @@ def build_demo_platform(home: Path) -> DemoPlatform:
 _BUILT: dict[str, DemoPlatform] = {}
 
 
+def _built_for_all_workers(tmp_path_factory) -> Path | None:
+    """Under pytest-xdist, the platform the session's first worker to need it built, in the temp
+    folder the workers share (``basetemp``'s parent), under a lock that holds the others until it
+    is there: each worker is its own process, and building it twice cost a minute of a 2-core
+    make test. None outside xdist."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent / "demo-platform"
+    shared.mkdir(exist_ok=True)
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        home = shared / "home"
+        if not (home / "demo_runs.json").exists():  # written last: a half-built home is rebuilt
+            if home.exists():
+                shutil.rmtree(home)
+            build_demo_platform(home)
+    return home
+
+
 def shared_demo_platform(tmp_path_factory) -> DemoPlatform:
     if "platform" not in _BUILT:
         home = tmp_path_factory.mktemp("demo") / "home"
-        prebuilt = os.environ.get("MODEL_FACTORY_DEMO_HOME")
+        prebuilt = os.environ.get("MODEL_FACTORY_DEMO_HOME") or _built_for_all_workers(tmp_path_factory)
         if prebuilt:
             shutil.copytree(prebuilt, home)
             _BUILT["platform"] = DemoPlatform(home=home, run_ids=json.loads((home / "demo_runs.json").read_text()))
