@@ -44,10 +44,11 @@ def test_a_straggler_must_be_slower_by_the_factor_and_by_enough_time():
 
 
 def test_a_data_stall_names_the_rank_and_the_loader_settings():
-    d = guards.data_stall_detection(12, [0.1, 0.6], PLACES, threshold=0.3, loader_threads=2, prefetch_batches=4)
+    d = guards.data_stall_detection(12, [0.1, 0.6], PLACES, threshold=0.3, loader_threads=2, prefetch_batches=4,
+                                    wait_per_step_s=[0.01, 0.06], min_wait_s=0.005)
     assert d.rank == 1 and "60%" in d.message and "loader_threads (now 2)" in d.message
     assert guards.data_stall_detection(12, [0.1, 0.2], PLACES, threshold=0.3, loader_threads=2,
-                                       prefetch_batches=4) is None
+                                       prefetch_batches=4, wait_per_step_s=[0.01, 0.02], min_wait_s=0.005) is None
 
 
 

@@ -49,7 +49,7 @@ def _identity(t: torch.Tensor) -> tuple | None:
 
 def stored_and_shared(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The entries to store, and ``{name: stored name}`` for tied weights (the first name of a
-    tensor is stored, later ones refer to it), as ``serve.card._storable`` decides them.
+    tensor is stored, later ones refer to it); ``serve.card._storable`` decides by it too.
 
     With DTensors under a process group this is rank 0's decision, broadcast: every rank must
     gather the same tensors in the same order, and a rank whose shard of a tensor is empty cannot

@@ -168,12 +168,11 @@ def straggler_detection(step: int, per_rank_s: Sequence[float], places: Sequence
 
 def data_stall_detection(step: int, wait_share: Sequence[float], places: Sequence[RankPlace] | None, *,
                          threshold: float, loader_threads: int, prefetch_batches: int,
-                         wait_per_step_s: Sequence[float] | None = None, min_wait_s: float = 0.0) -> Detection | None:
-    """A warning when the rank that waited longest for batches spent more than ``threshold`` of its
-    step time waiting, and (given ``wait_per_step_s``) more than ``min_wait_s`` a step: a few
+                         wait_per_step_s: Sequence[float], min_wait_s: float) -> Detection | None:
+    """A warning when a rank spent more than ``threshold`` of its step time waiting for batches
+    and more than ``min_wait_s`` a step (the one with the largest share is named): a few
     milliseconds of scheduling noise on millisecond steps is a large share and no stall."""
-    stalled = [r for r in range(len(wait_share)) if wait_share[r] > threshold
-               and (wait_per_step_s is None or wait_per_step_s[r] > min_wait_s)]
+    stalled = [r for r in range(len(wait_share)) if wait_share[r] > threshold and wait_per_step_s[r] > min_wait_s]
     if not stalled:
         return None
     rank = max(stalled, key=lambda r: wait_share[r])

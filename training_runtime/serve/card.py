@@ -169,20 +169,12 @@ def _storable(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.T
     safetensors refuses tensors that share memory. A state dict has them when weights are tied
     (a language model's head is its embedding): the second name is stored as a reference to the
     first, and ``load_model`` hands the same tensor to both."""
-    tensors: dict[str, torch.Tensor] = {}
-    shared: dict[str, str] = {}
-    seen: dict[tuple, str] = {}
-    for name, tensor in state_dict.items():
-        t = tensor.detach()
-        view = (t.device.type, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                tuple(t.stride()), t.dtype)
-        if t.numel() and view in seen:
-            shared[name] = seen[view]
-            continue
-        seen[view] = name
-        # clone: a slice of a bigger tensor (or a view a contiguous() leaves alone) must not share
-        # storage with another entry, which safetensors would refuse.
-        tensors[name] = t.to("cpu").contiguous().clone()
+    from training_runtime.checkpoint.weights import stored_and_shared
+
+    stored, shared = stored_and_shared(state_dict)
+    # clone: a slice of a bigger tensor (or a view a contiguous() leaves alone) must not share
+    # storage with another entry, which safetensors would refuse.
+    tensors = {name: t.to("cpu").contiguous().clone() for name, t in stored.items()}
     return tensors, shared
 
 

@@ -186,11 +186,11 @@ class Guards:
         self.recent_losses.append(loss)
 
     def check_health(self, step: int, *, steps: int, loss: float | None, compute_s: Sequence[float] | None,
-                     wait_share: Sequence[float], temperatures: Sequence[float],
-                     slowdown_bits: Sequence[int], wait_s: Sequence[float] | None = None) -> None:
+                     step_s: Sequence[float], wait_s: Sequence[float], temperatures: Sequence[float],
+                     slowdown_bits: Sequence[int]) -> None:
         """One telemetry interval's per-rank figures, the same on every rank: ``compute_s`` each
-        rank's own work before any collective (None: not measured), ``wait_share`` its share of
-        step time spent waiting for batches (``wait_s`` the seconds), ``temperatures`` (-1: unknown) and NVML's harmful
+        rank's own work before any collective (None: not measured), ``step_s`` and ``wait_s`` its
+        step time and the seconds of it spent waiting for batches, ``temperatures`` (-1: unknown) and NVML's harmful
         slowdown reasons as bits of guards.HARMFUL_SLOWDOWNS."""
         if not self.enabled:
             return
@@ -203,10 +203,10 @@ class Guards:
                 self.detect(guards.straggler_detection(step, self.compute_window.mean_per_step(), self.places,
                                                        factor=g.straggler_factor, min_excess_s=g.straggler_min_excess_s))
         if g.data_stall_share is not None:
-            self.detect(guards.data_stall_detection(step, wait_share, self.places, threshold=g.data_stall_share,
+            share = [w / max(1e-12, s) for s, w in zip(step_s, wait_s)]
+            self.detect(guards.data_stall_detection(step, share, self.places, threshold=g.data_stall_share,
                                                     loader_threads=t.num_workers, prefetch_batches=t.prefetch_batches,
-                                                    wait_per_step_s=None if wait_s is None else
-                                                    [w / max(1, steps) for w in wait_s],
+                                                    wait_per_step_s=[w / max(1, steps) for w in wait_s],
                                                     min_wait_s=g.data_stall_min_wait_s))
         if any(temp >= 0 or bits for temp, bits in zip(temperatures, slowdown_bits)):
             slowdowns = [[name for i, name in enumerate(guards.HARMFUL_SLOWDOWNS) if int(bits) >> i & 1]

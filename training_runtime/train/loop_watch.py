@@ -80,8 +80,8 @@ class LoopWatch:
             step, steps=steps, loss=None,  # losses: the reported ones (Guards.check_reported)
             # As sums over the interval's steps, the timed steps' mean standing for the untimed ones.
             compute_s=[r[3] / r[4] * steps for r in rows] if timed else None,
-            wait_share=[r[2] / max(1e-12, r[1]) for r in rows],
-            temperatures=[r[5] for r in rows], slowdown_bits=[int(r[6]) for r in rows], wait_s=[r[2] for r in rows])
+            step_s=[r[1] for r in rows], wait_s=[r[2] for r in rows],
+            temperatures=[r[5] for r in rows], slowdown_bits=[int(r[6]) for r in rows])
 
     def watch_model(self, model: torch.nn.Module) -> None:
         model.register_forward_hook(lambda module, inputs, output: self.forward_ended())

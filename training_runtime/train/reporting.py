@@ -166,8 +166,8 @@ class IntervalReporter:
         self.loss_history.append((step, loss))
         self.lr_history.append((step, lr))
         g.check_health(step, steps=steps, loss=loss, compute_s=[r[10] for r in per_rank],
-                       wait_share=[w / max(1e-12, t) for t, w in ranks], temperatures=[r[11] for r in per_rank],
-                       slowdown_bits=[int(r[12]) for r in per_rank], wait_s=[w for _, w in ranks])
+                       step_s=times, wait_s=[w for _, w in ranks], temperatures=[r[11] for r in per_rank],
+                       slowdown_bits=[int(r[12]) for r in per_rank])
         if self.ctx.is_main:
             self._report(per_rank, step=step, epoch=epoch, lr=lr, samples=samples, steps=steps, loss=loss,
                          mean_time=mean_time, gpu_upto=gpu_upto, sample=sample)
