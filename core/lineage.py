@@ -6,6 +6,7 @@ import hashlib
 import json
 import platform
 import sys
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import NamedTuple
@@ -71,6 +72,9 @@ def build_lineage_record(
             # in training_figures).
             "attempts": metrics.get("attempts"),
             "restart_count": metrics.get("restart_count"),
+            # An elastic gang's resizes (training_runtime/distributed/elastic.py): when, from what
+            # world size to what, and why; empty for a gang that kept its size.
+            "resizes": list(metrics.get("resizes") or []),
             "nonfinite_skipped": metrics.get("nonfinite_skipped", 0),
         },
         "task": resolved_config.get("task", "classification"),
@@ -179,6 +183,7 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
                                f"{sharding_fact(training['config'])}"),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
         LineageRow("attempts", attempts_summary(record)),
+        *([LineageRow("resizes", resizes_summary(training["resizes"]))] if training.get("resizes") else []),
         *([LineageRow("training logs", training["logs"], url=training["logs"])] if training.get("logs") else []),
         *([LineageRow("training health", detections_summary(training["detections"]))]
           if training.get("detections") else []),
@@ -235,6 +240,16 @@ def attempts_summary(record: Mapping) -> str:
         return f"not recorded (the record predates attempt counts){tail}"
     restarts = int(facts["restarts"])
     return (f"{facts['attempts']} attempt(s), {restarts} restart(s)" if restarts else "1 attempt, no restart") + tail
+
+
+def resizes_summary(resizes: list[Mapping]) -> str:
+    """``2: 3 -> 2 ranks at step 40 (a node left ...); 2 -> 3 ranks at step 60 (a node joined ...)``."""
+    parts = []
+    for r in resizes:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["at"])) + " UTC" if r.get("at") else "at an unknown time"
+        step = f" from step {r['resumed_from_step']}" if r.get("resumed_from_step") is not None else ""
+        parts.append(f"{r['from_world_size']} -> {r['to_world_size']} ranks{step}, {when} ({r.get('reason')})")
+    return f"{len(resizes)}: " + "; ".join(parts)
 
 
 # Metrics shown first when a split has them; the rest follow in name order.

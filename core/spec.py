@@ -136,6 +136,7 @@ class Recipe:
     seed: int = 0
     world_size: int = 2  # worker processes per node (torchrun --nproc-per-node)
     nnodes: int = 1
+    min_nodes: int | None = None  # elastic gang: trains on min_nodes..nnodes nodes, re-forming from the last checkpoint when one is lost and growing back when it returns (None: fixed at nnodes; docs/elastic-training.md)
     sharding: str = "ddp"
     precision: str = "fp32"
     fsdp_units: str | None = None  # FSDP units: module class names, comma-separated, e.g. "GPT2Block" (None: the platform's blocks for its models, else modules of about fsdp_unit_params parameters)
@@ -544,6 +545,7 @@ class PipelineSpec:
                 _fail(n, f"recipe.{fname}", "must be at least 1")
         if r.lr <= 0:
             _fail(n, "recipe.lr", "must be positive")
+        self._check_elastic(n)
         if not 0.0 <= self.gate.min_test_accuracy <= 1.0:
             _fail(n, "gate.min_test_accuracy", "must lie between 0 and 1")
         self._check_training_fields(n)
@@ -576,6 +578,29 @@ class PipelineSpec:
 
             if not is_valid_cron_string(self.triggers.cron):
                 _fail(n, "triggers.cron", f"{self.triggers.cron!r} is not a cron expression")
+
+    def _check_elastic(self, n: str) -> None:
+        """An elastic gang's every size must split the global batch: the batch (summed over ranks and
+        accumulation steps) stays the same at every size, so the loss curve does not depend on it."""
+        r = self.recipe
+        if r.min_nodes is None:
+            return
+        if not isinstance(r.min_nodes, int) or not 1 <= r.min_nodes <= r.nnodes:
+            _fail(n, "recipe.min_nodes", f"must be between 1 and nnodes ({r.nnodes}), got {r.min_nodes!r}; "
+                                         "leave it out for a gang of fixed size")
+        if r.max_restarts < 1:
+            _fail(n, "recipe.max_restarts", "an elastic gang re-forms by restarting its workers: give at least 1 "
+                                            "(each lost node uses one restart)")
+        from training_runtime.distributed.elastic import world_sizes  # stdlib only
+
+        per_node = r.gpus_per_node or r.world_size
+        bad = [w for w in world_sizes(r.min_nodes, r.nnodes, per_node) if r.batch_size % (w * r.grad_accum_steps)]
+        if bad:
+            sizes = world_sizes(r.min_nodes, r.nnodes, per_node)
+            step = math.lcm(*sizes) * r.grad_accum_steps
+            _fail(n, "recipe.batch_size", f"{r.batch_size} is not divisible by world size {bad[0]} x grad_accum_steps "
+                                          f"({r.grad_accum_steps}); an elastic gang of {r.min_nodes}-{r.nnodes} nodes "
+                                          f"runs at world sizes {sizes}, so choose a multiple of {step}")
 
     def _check_training_fields(self, n: str) -> None:
         """The task, a user training function, validation settings and the gate's metrics."""

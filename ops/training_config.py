@@ -9,6 +9,7 @@ from pathlib import Path
 
 from core.spec import PipelineSpec
 from resources.launch.base import GpuRequest, TrainingJob
+from training_runtime.distributed.elastic import elastic_partitions
 
 
 def runtime_config(
@@ -17,10 +18,13 @@ def runtime_config(
 ) -> dict:
     """``launch``: which launch of this training (training_runtime.observe.attempts.next_launch)."""
     r = spec.recipe
+    # An elastic gang's every size holds whole partitions of the sample order (distributed/elastic.py).
+    elastic = ({"partitions": elastic_partitions(r.min_nodes, r.nnodes, r.gpus_per_node or r.world_size)}
+               if r.min_nodes is not None and r.min_nodes < r.nnodes else {})
     return {
         "model": {"name": spec.model, "kwargs": dict(spec.model_kwargs)},
         "data": {"commit_id": commit_id, "manifest": manifest, "locations": locations,
-                 "s3_endpoint_url": s3_endpoint_url,
+                 "s3_endpoint_url": s3_endpoint_url, **elastic,
                  # s3:// shards are cached by sha256 beside the run's checkpoints
                  "cache_dir": str(checkpoint_dir.parent / "shard-cache")},
         "train": {
@@ -69,6 +73,7 @@ def training_job(spec: PipelineSpec, run_id: str, config: dict) -> TrainingJob:
         config=config,
         nproc_per_node=r.gpus_per_node or r.world_size,
         nnodes=r.nnodes,
+        min_nodes=r.min_nodes if r.min_nodes is not None and r.min_nodes < r.nnodes else None,
         max_restarts=r.max_restarts,
         team=spec.team,
         gpu=GpuRequest(nodes=r.nnodes, gpus_per_node=r.gpus_per_node, resource_name=r.gpu_resource_name,

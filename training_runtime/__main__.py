@@ -19,7 +19,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training_runtime.config import ConfigError, RunConfig
-from training_runtime.distributed.process_group import close_distributed, init_distributed
+from training_runtime.distributed.process_group import broadcast_object, close_distributed, init_distributed
 from training_runtime.observe.build_info import verify_image
 from training_runtime.observe.error_file import AtomicErrorHandler
 from training_runtime.observe.pod_lineage import gather_pod_record
@@ -85,6 +85,7 @@ def _run(raw: dict[str, Any], failures: FailureRecorder, reporter: Any, build: A
     t = cfg.train
     info = init_distributed(t.device, t.collective_timeout_s, t.io_timeout_s)
     try:
+        failures.agree_attempt(info.rank, lambda obj: broadcast_object(obj, group=info.io_group))
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         context = TrainingContext(cfg, info, reporter, restarts, fault, attempt_log=failures.log)
         context.pod_record = gather_pod_record(info, build)

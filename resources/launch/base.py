@@ -168,8 +168,18 @@ class TrainingJob:
     name: str  # a DNS-safe name, unique per launch (the Kubernetes Job/Service name)
     config: dict[str, Any]  # the runtime's config (training_runtime.config), JSON-serialisable
     nproc_per_node: int
-    nnodes: int = 1
+    nnodes: int = 1  # the gang's nodes; an elastic gang's most
+    min_nodes: int | None = None  # an elastic gang's fewest nodes (None: a fixed gang of nnodes)
     max_restarts: int = 0
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
+
+    @property
+    def nnodes_arg(self) -> str:
+        """torchrun's --nnodes: ``N``, or ``MIN:MAX`` for an elastic gang."""
+        return f"{self.min_nodes}:{self.nnodes}" if self.elastic else str(self.nnodes)
     gpu: GpuRequest = field(default_factory=GpuRequest)
     env: dict[str, str] = field(default_factory=dict)  # non-secret settings only
     # The orchestrator's code version (core.code_version): a pod's image must record the same one.

@@ -21,16 +21,20 @@ DEVICE_LOCK_DIR = ".gpu-locks"
 
 
 def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.executable, *,
-                     log_dir: Path | None = None) -> list[str]:
-    """The torchrun command line for one node, under the supervisor (see supervise.py);
-    --standalone picks a free rendezvous port. With ``log_dir``, every rank's output is also kept
-    there (see ``rank_log_options``)."""
-    if job.nnodes != 1:
-        raise ValueError(
-            f"the local launcher runs one node, but the job asks for nnodes={job.nnodes}; "
-            "use the Kubernetes profile for several nodes or set the recipe's nnodes to 1"
-        )
+                     log_dir: Path | None = None, devices: Sequence[str] = ()) -> list[str]:
+    """The command line of one local launch: a single node's torchrun under the supervisor (see
+    supervise.py; --standalone picks a free rendezvous port), or, for several nodes, a gang of
+    torchrun agents, one per node (gang.py: elastic between ``job.min_nodes`` and ``job.nnodes``).
+    With ``log_dir``, every rank's output is also kept there (see ``rank_log_options``)."""
     lock = Path(job.config["checkpoint"]["dir"]).parent / ".training.lock"
+    worker = ["-m", "training_runtime", "--config", str(config_path)]
+    if job.nnodes > 1:
+        return [
+            python, "-m", "resources.launch.gang", "--lock", str(lock), "--nodes", job.nnodes_arg,
+            f"--nproc={job.nproc_per_node}", f"--run-id={job.name}", f"--max-restarts={job.max_restarts}",
+            f"--python={python}", *([f"--log-dir={log_dir}"] if log_dir is not None else []),
+            *([f"--devices={','.join(devices)}"] if devices else []), "--", *worker,
+        ]
     return [
         python, "-m", "resources.launch.supervise", "--lock", str(lock), "--",
         python, "-m", "torch.distributed.run",
@@ -39,8 +43,7 @@ def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.exec
         f"--nproc-per-node={job.nproc_per_node}",
         f"--max-restarts={job.max_restarts}",
         *rank_log_options(log_dir),
-        "-m", "training_runtime",
-        "--config", str(config_path),
+        *worker,
     ]
 
 
@@ -123,7 +126,7 @@ class LocalTorchrunLauncher(TrainingLauncher):
         config_path = job_dir / "config.json"
         config_path.write_text(json.dumps(job.config, indent=2, sort_keys=True))
         Path(job.config["checkpoint"]["dir"]).parent.mkdir(parents=True, exist_ok=True)
-        wanted = job.gpu.gpus_per_node
+        wanted = job.gpu.gpus_per_node * job.nnodes  # a local gang's nodes share this machine's GPUs
         with reserve_devices(self.work_root / DEVICE_LOCK_DIR, wanted, self._devices(wanted), owner=job.name,
                              wait_s=self.device_wait_s, log=context.log.info) as devices:
             if devices:
@@ -136,5 +139,6 @@ class LocalTorchrunLauncher(TrainingLauncher):
             launch_dir = new_launch_dir(self.log_dir(job))
             reader = LiveDurableFileMessageReader(messages_file(work_dir, launch_dir.name), context=context)
             client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir), message_reader=reader)
-            command = torchrun_command(job, config_path, self.python, log_dir=launch_dir)
+            command = torchrun_command(job, config_path, self.python, log_dir=launch_dir,
+                                       devices=devices if job.nnodes > 1 else ())
             return client.run(context=context, command=command)

@@ -5,7 +5,9 @@ A launcher keeps each launch's worker output in a folder of its own, ``<log root
 
 - local torchrun (``--log-dir <launch folder> --tee 3``) writes, per restart attempt and local rank,
   ``<rendezvous run id>_<random>/attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}``;
-  these are named ``launch_<k>/attempt_<n>/rank_<r>.{stdout.log,stderr.log,error.json}``;
+  these are named ``launch_<k>/attempt_<n>/rank_<r>.{stdout.log,stderr.log,error.json}``; a local
+  gang of several nodes (gang.py) keeps each node's apart, named
+  ``launch_<k>/node_<i>-<start>/attempt_<n>/local_rank_<r>.<file>``;
 - the Kubernetes launcher writes each pod's container logs, gathered before the Job is deleted,
   as ``<pod>/<container>.log`` (``.previous.log`` for a restarted container's earlier run);
   these keep their relative path as their name.
@@ -24,8 +26,10 @@ LAUNCH_PREFIX = "launch_"
 
 # One torchrun launch makes exactly one rendezvous run folder (tempfile.mkdtemp, so its name is
 # random); the name drops it. local rank == global rank: the local launcher runs one node.
+# A local gang (gang.py) keeps each node's torchrun apart, ``launch_<k>/node_<i>-<start>/...``, where
+# the number is the node's local rank.
 _TORCHRUN_FILE = re.compile(
-    r"^(?P<launch>launch_\d+)/[^/]+/(?P<attempt>attempt_\d+)/(?P<rank>\d+)/"
+    r"^(?P<launch>launch_\d+)/(?:(?P<node>node_\d+-\d+)/)?[^/]+/(?P<attempt>attempt_\d+)/(?P<rank>\d+)/"
     r"(?P<file>stdout\.log|stderr\.log|error\.json)$"
 )
 
@@ -50,6 +54,8 @@ def artifact_name(relative: str) -> str:
     match = _TORCHRUN_FILE.match(relative)
     if not match:
         return relative
+    if match["node"]:
+        return f"{match['launch']}/{match['node']}/{match['attempt']}/local_rank_{match['rank']}.{match['file']}"
     return f"{match['launch']}/{match['attempt']}/rank_{match['rank']}.{match['file']}"
 
 

@@ -94,10 +94,12 @@ def test_attempts_read_back_say_how_each_ended_and_why(tmp_path):
     assert (a.ended, b.ended) == ("restarted", "completed")
     assert a.reason.startswith("hang: rank 0 finished") and "rank(s) 1 ended without recording a failure" in a.reason
     attempts, detections = metrics_attempts([a, b])
+    assert [x.pop("started_at") for x in attempts] == [a.started_at, b.started_at]
     assert attempts == [
-        {"restart_count": 0, "resumed_from_step": None, "ended": "restarted", "reason": a.reason,
-         "detections": [hang.to_dict()]},
-        {"restart_count": 1, "resumed_from_step": 8, "ended": "completed", "reason": None,
+        {"restart_count": 0, "resumed_from_step": None, "world_size": 2, "name": "L001-R000-run-a",
+         "ended": "restarted", "reason": a.reason, "detections": [hang.to_dict()]},
+        {"restart_count": 1, "resumed_from_step": 8, "world_size": 2, "name": "L001-R001-run-a",
+         "ended": "completed", "reason": None,
          "detections": [spike.to_dict()]}]
     assert [(d["detector"], d["attempt"]) for d in detections] == [("hang", 1), ("loss_spike", 2)]
     assert next_launch(tmp_path) == 2 and next_launch(tmp_path / "none") == 1

@@ -74,6 +74,18 @@ def current_attempt(launch: int, environ: Mapping[str, str]) -> AttemptId | None
     return AttemptId(launch, int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), _safe(run))
 
 
+def elastic_attempt(root: str | os.PathLike, proposed: AttemptId) -> AttemptId:
+    """Rank 0's name for an elastic gang's new attempt, which every rank then takes (broadcast).
+
+    In an elastic gang the restart count is each agent's own: a membership change restarts the
+    workers without counting, and a node that joins late counts from 0. So the ranks of one group
+    disagree on it, and two groups can share it. Rank 0 numbers the attempts of its launch in the
+    order they start instead: one more than the highest so far."""
+    taken = [a.restart for a in (AttemptId.from_name(p.name) for p in Path(root).glob(f"L{proposed.launch:03d}-R*"))
+             if a is not None and a.launch == proposed.launch]
+    return AttemptId(proposed.launch, max(taken, default=-1) + 1, proposed.run)
+
+
 def _plain(value: Any) -> Any:
     """A reported value JSON cannot hold as it is: a tensor or numpy scalar as its number (or
     list), anything else as its text."""
@@ -160,6 +172,7 @@ class Attempt:
     def to_metrics(self) -> dict[str, Any]:
         """The attempt as metrics.json lists it (training_runtime/README.md, "attempts")."""
         return {"restart_count": self.id.restart, "resumed_from_step": self.resumed_from_step,
+                "world_size": self.world_size, "started_at": self.started_at, "name": self.id.name,
                 "ended": self.ended, "reason": self.reason, "detections": list(self.detections)}
 
 

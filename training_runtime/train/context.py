@@ -49,6 +49,7 @@ from torch import nn
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.checkpoint.weights import StoredWeights
 from training_runtime.config import ConfigError, RunConfig, check_partitions
+from training_runtime.distributed.elastic import resizes
 from training_runtime.data.batches import split_loader
 from training_runtime.data.prefetch import chained_epochs
 from training_runtime.data.sampling import (
@@ -417,6 +418,9 @@ class TrainingContext:
         if state["world_size"] == self.world_size:
             ckpt.set_rng_state(state["rng"][self.rank], self.device)
         elif self.config.data.sample_order == "partitioned":
+            if self.is_main:
+                self.reporter.info(f"the gang resized from {state['world_size']} to {self.world_size} ranks at step "
+                                   f"{state['step']}: it resumes the same sample order from checkpoint {path}")
             log.warning("checkpoint %s was written by %d ranks, this run has %d: the same sample order "
                         "continues (data.partitions=%d), so every step averages the gradient of the same "
                         "samples; the weights equal an uninterrupted run's up to floating-point reduction "
@@ -554,7 +558,7 @@ class TrainingContext:
         if not self.is_main:
             return {**metrics, "detections": list(self.guards.detections)}
         attempts, detections = self.attempts()
-        metrics = {**metrics, "attempts": attempts, "detections": detections}
+        metrics = {**metrics, "attempts": attempts, "detections": detections, "resizes": resizes(attempts)}
         if "reported" in metrics and self.attempt_log is not None:  # every attempt's, not this one's alone
             metrics["reported"] = metrics_reported(self.attempt_log.root, read_attempts(self.attempt_log.root),
                                                    self.attempt_log.attempt, metrics["reported"])

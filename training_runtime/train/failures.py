@@ -26,6 +26,7 @@ import traceback
 from typing import Any, Callable, Mapping, Protocol
 
 from training_runtime.config import ConfigError
+from training_runtime.distributed.elastic import ELASTIC_ENV
 from training_runtime.observe.attempts import (
     DETERMINISTIC,
     RETRYABLE,
@@ -33,6 +34,7 @@ from training_runtime.observe.attempts import (
     AttemptLog,
     attempts_root,
     current_attempt,
+    elastic_attempt,
     earlier_deterministic,
 )
 from training_runtime.observe.error_file import stop_elastic_agent
@@ -144,7 +146,8 @@ class FailureRecorder:
         record: the peer writes it before it exits, and this rank's collective fails only then."""
         if self.log is None or record["kind"] == DETERMINISTIC:
             return False
-        if self.log.attempt.restart >= _int(self.environ.get("TORCHELASTIC_MAX_RESTARTS")):
+        # the agent's own count (an elastic gang's attempt names number rounds, not restarts)
+        if _int(self.environ.get("TORCHELASTIC_RESTART_COUNT")) >= _int(self.environ.get("TORCHELASTIC_MAX_RESTARTS")):
             return False
         try:
             others = self.log.failures()
@@ -155,6 +158,15 @@ class FailureRecorder:
     @property
     def attempt(self) -> AttemptId | None:
         return self.log.attempt if self.log else None
+
+    def agree_attempt(self, rank: int, broadcast: Callable[[Any], Any]) -> None:
+        """An elastic gang's ranks take rank 0's name for this attempt (``elastic_attempt``), once
+        the process group stands; ``broadcast`` sends rank 0's object to every rank. A fixed gang's
+        ranks already agree (the restart count is the gang's)."""
+        if self.log is None or not self.environ.get(ELASTIC_ENV):
+            return
+        agreed = broadcast(elastic_attempt(self.log.root, self.log.attempt) if rank == 0 else None)
+        self.log = AttemptLog(self.log.root, agreed, self.log.rank)
 
     def refuse_restart(self) -> None:
         """Raise RestartRefused when an earlier attempt of this launch failed deterministically."""
