@@ -146,8 +146,9 @@ class TrainingJobClient:
                 ) from exc
             raise
         services: list[str] = []
+        pods: list[str] = []
         try:
-            for service in manifests[1:]:
+            for service in manifests[1:]:  # the Services (and an elastic gang's rendezvous store Pod)
                 service["metadata"]["ownerReferences"] = [
                     {
                         "apiVersion": "batch/v1",
@@ -158,19 +159,25 @@ class TrainingJobClient:
                         "blockOwnerDeletion": False,
                     }
                 ]
-                self.core_api.create_namespaced_service(namespace, service)
-                services.append(service["metadata"]["name"])
+                if service["kind"] == "Pod":
+                    self.core_api.create_namespaced_pod(namespace, service)
+                    pods.append(service["metadata"]["name"])
+                else:
+                    self.core_api.create_namespaced_service(namespace, service)
+                    services.append(service["metadata"]["name"])
             yield name
         finally:
             try:
                 if before_delete is not None:
                     before_delete(name)
             finally:
-                self.delete(name, namespace, services)
+                self.delete(name, namespace, services, pods)
 
-    def delete(self, name: str, namespace: str, services: Sequence[str] = ()) -> None:
+    def delete(self, name: str, namespace: str, services: Sequence[str] = (), pods: Sequence[str] = ()) -> None:
         for service in services:
             self._delete_ignoring_absent(self.core_api.delete_namespaced_service, service, namespace)
+        for pod in pods:
+            self._delete_ignoring_absent(self.core_api.delete_namespaced_pod, pod, namespace)
         # Background propagation deletes the pods too (the default for Jobs orphans them).
         self._delete_ignoring_absent(
             self.batch_api.delete_namespaced_job, name, namespace, propagation_policy="Background"
@@ -224,9 +231,11 @@ class TrainingJobClient:
         finally:
             response.release_conn()
 
-    def wait_started(self, name: str, namespace: str, nodes: int) -> list[V1Pod]:
+    def wait_started(self, name: str, namespace: str, nodes: int, *, others_may_wait: bool = False) -> list[V1Pod]:
         """Block until every pod of the Job has left Pending; raise with the scheduler's reason
-        if one is still Pending after `pending_timeout_s` (or can never start)."""
+        if one is still Pending after `pending_timeout_s` (or can never start). With
+        ``others_may_wait`` (an elastic gang) ``nodes`` started pods are enough: the others join
+        when the cluster has room for them."""
         deadline = self._clock() + self.pending_timeout_s
         while True:
             pods = self.pods(name, namespace)
@@ -246,6 +255,8 @@ class TrainingJobClient:
                 if reason:
                     raise PodStuckPending(f"pod {pod.metadata.name} cannot start: {reason}")
             if len(pods) >= nodes and not pending:
+                return pods
+            if others_may_wait and len(pods) - len(pending) >= nodes:
                 return pods
             if self._clock() >= deadline:
                 stuck = pending or pods

@@ -1,8 +1,10 @@
 """KubernetesTrainingLauncher: the TrainingLauncher that runs `torchrun` in GPU pods.
 
-One node or several, a launch is one Indexed Job (plus a headless Service for several). Rank 0
-always lives in pod 0; its logs carry the Dagster Pipes messages, read with dagster-k8s's
-`PipesK8sPodLogsMessageReader`. We do not use `PipesK8sClient.run` itself: it creates a bare
+One node or several, a launch is one Indexed Job (plus a headless Service for several, and a
+rendezvous store pod for an elastic gang). In a fixed gang rank 0 always lives in pod 0; its logs
+carry the Dagster Pipes messages, read with dagster-k8s's `PipesK8sPodLogsMessageReader`. An
+elastic gang's rank 0 moves when pod 0 is lost, so its messages go through a file on the shared
+volume instead. We do not use `PipesK8sClient.run` itself: it creates a bare
 Pod (no TTL, no owner for a Service), and waits up to five hours for a Pending pod, where we
 need the scheduler's reason after a configurable time.
 """
@@ -37,6 +39,7 @@ from resources.k8s.manifests import (
 )
 from resources.k8s.step_config import lakefs_secret_env, s3_secret_env
 from resources.launch.base import TrainingJob, TrainingLauncher
+from resources.launch.durable_messages import LiveDurableFileMessageReader, catch_up, messages_file
 from resources.launch.live_telemetry import ForwardsTrainingMessages
 from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
 from training_runtime.atomic_files import atomic_write_bytes
@@ -74,7 +77,16 @@ def run_training_job(
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written through the step pod's mount of the same PVC the training pods mount.
     path.write_text(config_json(job.config))
-    reader = LivePodLogsMessageReader(context=context)
+    if job.elastic:
+        # Rank 0 moves to another pod when pod 0 is lost: the messages go to a file on the shared
+        # volume (the step pod mounts it at the same path), read as the local launcher reads them,
+        # and a retry first reports what a killed step never read.
+        work_dir = Path(job.config["checkpoint"]["dir"]).parent
+        catch_up(context, work_dir)
+        launch = f"k8s-launch_{job.config.get('launch', 1)}"  # the orchestrator counts its launches
+        reader = LiveDurableFileMessageReader(messages_file(work_dir, launch), context=context)
+    else:
+        reader = LivePodLogsMessageReader(context=context)
     with open_pipes_session(
         context=context,
         context_injector=PipesEnvContextInjector(),
@@ -91,16 +103,19 @@ def run_training_job(
                 f"launched Job {namespace}/{name}: {job.nnodes} pod(s) x "
                 f"{job.nproc_per_node} process(es)"
             )
-            pods = client.wait_started(name, namespace, job.nnodes)
-            rank0 = client.pod_for_index(pods, 0)
-            # Follows pod 0's log until its container exits; Pipes lines become events,
-            # everything else goes to this step's stdout (and the compute log).
-            reader.consume_pod_logs(
-                context=context,
-                core_api=client.core_api,
-                pod_name=rank0.metadata.name,
-                namespace=namespace,
-            )
+            if job.elastic:  # it starts with what is admitted, at least min_nodes pods
+                client.wait_started(name, namespace, job.min_nodes, others_may_wait=True)
+            else:
+                pods = client.wait_started(name, namespace, job.nnodes)
+                rank0 = client.pod_for_index(pods, 0)
+                # Follows pod 0's log until its container exits; Pipes lines become events,
+                # everything else goes to this step's stdout (and the compute log).
+                reader.consume_pod_logs(
+                    context=context,
+                    core_api=client.core_api,
+                    pod_name=rank0.metadata.name,
+                    namespace=namespace,
+                )
             try:
                 client.wait_finished(name, namespace)
             except TrainingJobFailed as exc:

@@ -26,6 +26,7 @@ from resources.k8s.fabric import RdmaProfile
 from resources.k8s.kueue import KueueSettings, queue_labels, queued_job
 from resources.launch.base import GpuRequest, TrainingJob
 from training_runtime.distributed.allocator import allocator_env
+from training_runtime.distributed.elastic import ELASTIC_ENV
 
 # Max length of a Job name: pod hostnames are `<job>-<index>` and must stay a DNS label (63);
 # the Job controller also appends a 5-char suffix plus the index to pod names.
@@ -37,6 +38,10 @@ TRAINER_CONTAINER = "trainer"
 # Label on every pod and on the Service selector; the Job controller's own `job-name` label
 # exists too, but ours is set by us in the template, so the selector cannot drift from it.
 JOB_LABEL = "model-factory.io/training-job"
+RENDEZVOUS_LABEL = "model-factory.io/rendezvous-of"  # an elastic gang's rendezvous store pod: its Job
+RENDEZVOUS_CONTAINER = "rendezvous"
+# Kueue admits a Job with this annotation at a parallelism down to its value (partial admission).
+KUEUE_MIN_PARALLELISM = "kueue.x-k8s.io/job-min-parallelism"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # Env var carrying the pod's completion index, filled from the annotation by the downward API.
 # Defined explicitly (the controller injects JOB_COMPLETION_INDEX too) so `$(POD_INDEX)` in the
@@ -71,6 +76,8 @@ class PodSettings:
     # torchrun waits this long for all nodes to join: pods of one Job may start minutes apart
     # (image pulls, autoscaled nodes).
     rendezvous_join_timeout_s: int = 900
+    # Once min nodes have joined a round, how long the rendezvous waits for more (torchrun's default)
+    rendezvous_last_call_s: int = 30
     cluster_domain: str = "cluster.local"
     ttl_seconds_after_finished: int = 3600
     active_deadline_seconds: int | None = None
@@ -192,7 +199,17 @@ def pod_fqdn(job: TrainingJob, settings: PodSettings, index: int | str) -> str:
     )
 
 
+def rendezvous_store_name(job: TrainingJob) -> str:
+    """An elastic gang's rendezvous store: its Pod and Service (at most 63 characters)."""
+    return f"{job.name[:58].rstrip('-')}-rdzv"
+
+
 def rendezvous_endpoint(job: TrainingJob, settings: PodSettings) -> str:
+    """Pod 0 hosts a fixed gang's c10d store; an elastic gang's lives in a pod of its own, which a
+    lost node does not take with it (build_rendezvous_store)."""
+    if job.elastic:
+        return (f"{rendezvous_store_name(job)}.{settings.namespace}.svc.{settings.cluster_domain}:"
+                f"{settings.rendezvous_port}")
     return f"{pod_fqdn(job, settings, 0)}:{settings.rendezvous_port}"
 
 
@@ -208,12 +225,16 @@ def torchrun_args(job: TrainingJob, settings: PodSettings) -> list[str]:
         # One pod: a local rendezvous; no Service, no DNS.
         args += ["--standalone", "--nnodes=1"]
     else:
+        conf = f"join_timeout={settings.rendezvous_join_timeout_s},last_call_timeout={settings.rendezvous_last_call_s}"
+        if job.elastic:
+            # No agent hosts the store; each waits for the store's pod as long as for its peers.
+            conf += f",is_host=false,read_timeout={settings.rendezvous_join_timeout_s}"
         args += [
-            f"--nnodes={job.nnodes}",
+            f"--nnodes={job.nnodes_arg}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rendezvous_endpoint(job, settings)}",
             f"--rdzv-id={job.name}",
-            f"--rdzv-conf=join_timeout={settings.rendezvous_join_timeout_s}",
+            f"--rdzv-conf={conf}",
             # c10d assigns node ranks by sorting node addresses; each pod's own stable name
             # (pod 0 sorts first) puts global rank 0, which reports through Pipes, on pod 0,
             # whose logs the launcher reads. The kubelet expands $(POD_INDEX).
@@ -300,6 +321,9 @@ def _env(
         # agent increments, so a restarted gang would not meet (training_runtime/distributed/
         # process_group.py, _attempt_store).
         **({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if job.nnodes > 1 else {}),
+        # An elastic gang's workers agree on their attempt's name through rank 0 (the agents'
+        # restart counts differ; training_runtime/distributed/elastic.py).
+        **({ELASTIC_ENV: f"{job.min_nodes}:{job.nnodes}"} if job.elastic else {}),
         # FSDP's freed buffers leave RSS only with a fixed mmap threshold (training_runtime/
         # distributed/allocator.py); the job's own env below overrides it.
         **allocator_env(job.config),
@@ -425,6 +449,9 @@ def build_training_job(
         "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
         "template": build_pod_template(job, settings, pipes_env or {}),
     }
+    if job.elastic:
+        del spec["backoffLimit"]  # counted per index instead (and 0 would fail the Job at the first loss)
+        spec.update(elastic_job_policies(job))
     if settings.active_deadline_seconds:
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
     manifest: dict[str, Any] = {
@@ -438,9 +465,82 @@ def build_training_job(
         "spec": spec,
     }
     if settings.kueue is not None:
-        # Suspended in the team's LocalQueue until Kueue admits all of its pods at once.
+        # Suspended in the team's LocalQueue until Kueue admits all of its pods at once; an
+        # elastic gang's, as few as min_nodes of them (Kueue's partial admission).
         manifest = queued_job(manifest, queue_labels(job.team, job.gpu.priority_class, settings.kueue))
+        if job.elastic:
+            manifest["metadata"]["annotations"] = {**manifest["metadata"].get("annotations", {}),
+                                                   KUEUE_MIN_PARALLELISM: str(job.min_nodes)}
     return manifest
+
+
+def elastic_job_policies(job: TrainingJob) -> dict[str, Any]:
+    """What lets an elastic gang's Job lose pods without failing (Kubernetes 1.31 Indexed Jobs):
+
+    - a failed pod is replaced in its index (``backoffLimitPerIndex``: max_restarts times), and the
+      replacement, with the same stable name, joins the running gang at its next rendezvous; only
+      once the old pod is gone (``podReplacementPolicy: Failed``), so one name never runs twice;
+    - a pod evicted or preempted (condition DisruptionTarget) does not count against that limit;
+    - the Job fails once more indexes have failed for good than the gang can spare
+      (``maxFailedIndexes``: nnodes - min_nodes); torchrun's agents fail sooner by themselves, after
+      the rendezvous timeout, when fewer than min_nodes remain;
+    - the first pod that completes completes the Job (its agent exits 0 only once the training has
+      ended), and pods still waiting to join are ended (``successPolicy``)."""
+    return {
+        "backoffLimitPerIndex": job.max_restarts,
+        "maxFailedIndexes": job.nnodes - job.min_nodes,
+        "podReplacementPolicy": "Failed",
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
+        "successPolicy": {"rules": [{"succeededCount": 1}]},
+    }
+
+
+def build_rendezvous_store(job: TrainingJob, settings: PodSettings) -> list[dict[str, Any]]:
+    """An elastic gang's c10d store: a small CPU pod running the training image's
+    ``training_runtime.distributed.rendezvous_store`` and a Service in front of it. Both are owned
+    by the Job (the launcher sets the owner reference once the Job exists), so they go with it.
+    It may run wherever the training pods may (same node selector, tolerations and priority)."""
+    name, gpu = rendezvous_store_name(job), job.gpu
+    labels = {**{k: v for k, v in _labels(job, settings).items() if k != JOB_LABEL}, RENDEZVOUS_LABEL: job.name}
+    container = {
+        "name": RENDEZVOUS_CONTAINER,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python", "-m", "training_runtime.distributed.rendezvous_store",
+                    f"--port={settings.rendezvous_port}", f"--timeout-s={settings.rendezvous_join_timeout_s}"],
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "rdzv", "containerPort": settings.rendezvous_port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    spec: dict[str, Any] = {
+        # The store's state is the rendezvous: a crashed store restarts empty and the agents re-form.
+        "restartPolicy": "Always",
+        "serviceAccountName": settings.service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(settings),
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if gpu.node_selector:
+        spec["nodeSelector"] = dict(gpu.node_selector)
+    if gpu.tolerations:
+        spec["tolerations"] = [dict(t) for t in gpu.tolerations]
+    if gpu.priority_class:
+        spec["priorityClassName"] = gpu.priority_class
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    meta = {"name": name, "namespace": settings.namespace, "labels": labels}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": dict(meta), "spec": {
+        "selector": {RENDEZVOUS_LABEL: job.name},
+        "ports": [{"name": "rdzv", "port": settings.rendezvous_port, "targetPort": settings.rendezvous_port,
+                   "protocol": "TCP"}]}}
+    return [pod, service]
 
 
 def build_headless_service(
@@ -493,6 +593,8 @@ def build_manifests(
     manifests = [build_training_job(job, settings, pipes_env)]
     if job.nnodes > 1:
         manifests.append(build_headless_service(job, settings))
+    if job.elastic:
+        manifests += build_rendezvous_store(job, settings)
     return manifests
 
 

@@ -3,7 +3,7 @@ gloo rank each, ``--nnodes=1:2``. Node 1 is lost whole (agent and rank SIGKILLed
 checkpoint: node 0 goes on alone from the last checkpoint, the gang starts node 1 again, it joins
 at the next rendezvous and the training ends on two ranks. A team's own training function
 (tests/distributed/elastic_train.py) records the samples each rank trains on: the steps kept from
-each attempt hold each epoch's samples exactly once (its padding twice), and metrics.json records
+each attempt hold each epoch's samples exactly once, and metrics.json records
 both resizes."""
 
 from __future__ import annotations
@@ -14,18 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from resources.launch.base import TrainingJob
 from resources.launch.local import torchrun_command, worker_env
-from tests.runtime.helpers import make_config, write_split
-from tests.runtime.sample_order_train import ID_SCALE
-from training_runtime.data.sampling import rank_epoch_indices
-from training_runtime.distributed.elastic import elastic_partitions
+from tests.distributed.elastic_checks import check_whole_epochs, elastic_config, problem
+from tests.k8s.local_cluster import process_tree
 
 pytestmark = pytest.mark.slow
 
@@ -34,44 +30,9 @@ N, PER_SHARD, BATCH, EPOCHS, EVERY = 96, 16, 16, 6, 4  # 6 steps an epoch, 36 in
 STEP_S = 0.4  # rank 0 sleeps this long each step, so the kill lands mid-training
 
 
-def _problem(root: Path) -> tuple[dict, dict]:
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=(8, 4))
-    splits, locations = {}, {}
-    for split, n in (("train", N), ("validation", 32), ("test", 32)):
-        x = rng.normal(size=(n, 8)).astype(np.float32)
-        y = np.argmax(x @ w, axis=1).astype(np.int64)
-        x[:, 0] = np.arange(n) / ID_SCALE
-        splits[split] = write_split(root, split, x, y, PER_SHARD)
-        for s in splits[split]["shards"]:
-            locations[s["path"]] = (root / s["path"]).as_uri()
-    manifest = {"format": "model-factory.shards/v1", "feature_shape": [8], "feature_dtype": "float32",
-                "label_dtype": "int64", "num_classes": 4, "class_names": list("abcd"),
-                "samples_per_shard": PER_SHARD, "splits": splits}
-    return manifest, locations
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (torchrun starts its workers in sessions of their own)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def _kill_node(log_dir: Path, node: int) -> None:
     pid = json.loads((log_dir / "nodes.json").read_text())[str(node)]["pid"]
-    for p in _tree(pid):
+    for p in process_tree(pid):
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
@@ -79,11 +40,9 @@ def _kill_node(log_dir: Path, node: int) -> None:
 
 
 def test_a_lost_node_leaves_the_gang_which_goes_on_then_grows_back_when_it_returns(tmp_path):
-    manifest, locations = _problem(tmp_path)
-    cfg = make_config(tmp_path, manifest, locations, name="elastic", batch_size=BATCH, epochs=EPOCHS)
-    cfg["checkpoint"]["every_steps"] = EVERY
-    cfg["train_fn"] = "tests.distributed.elastic_train:main"
-    cfg["data"]["partitions"] = elastic_partitions(1, 2, 1)  # what ops/training_config.py sets for 1:2 nodes
+    manifest, locations = problem(tmp_path, N, PER_SHARD)
+    cfg = elastic_config(tmp_path, manifest, locations, nodes=(1, 2), per_node=1, batch=BATCH, epochs=EPOCHS,
+                         every=EVERY)
     Path(cfg["checkpoint"]["dir"]).parent.mkdir(parents=True)
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(cfg))
@@ -127,20 +86,5 @@ def test_a_lost_node_leaves_the_gang_which_goes_on_then_grows_back_when_it_retur
     assert [a.split("-")[1] for a in attempts] == ["R000", "R001", "R002"]
 
     # The samples: each attempt's steps up to where the next one resumed, counted per rank.
-    rows = [json.loads(line) for p in (Path(cfg["checkpoint"]["dir"]).parent / "seen").glob("*.jsonl")
-            for line in p.read_text().splitlines()]
-    starts = sorted({r["resumed_from"] or 0 for r in rows})
-    assert len(starts) == 3, starts
-    kept = [r for r in rows
-            if r["step"] <= next((s for s in starts if s > (r["resumed_from"] or 0)), 10 ** 9)]
+    kept = check_whole_epochs(cfg, manifest, metrics, batch=BATCH)
     assert {(r["world"], r["rank"]) for r in kept} == {(2, 0), (2, 1), (1, 0)}
-    by_step = Counter(r["step"] for r in kept for _ in r["ids"])
-    assert set(by_step) == set(range(1, metrics["steps"] + 1)) and set(by_step.values()) == {BATCH}
-    resolved = json.loads((Path(cfg["output_dir"]) / "resolved_config.json").read_text())
-    sizes = [s["num_samples"] for s in manifest["splits"]["train"]["shards"]]
-    per_epoch = N // BATCH
-    for epoch in range(EPOCHS):
-        seen = Counter(i for r in kept if (r["step"] - 1) // per_epoch == epoch for i in r["ids"])
-        whole = rank_epoch_indices(sizes, 0, epoch, resolved["data"]["partitions"], 1, 0, BATCH,
-                                   resolved["data"]["shuffle_block"])
-        assert seen == Counter(whole.tolist()) == Counter(range(N)), f"epoch {epoch}"

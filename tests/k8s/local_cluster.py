@@ -14,6 +14,14 @@ and the torchrun wiring run unchanged. What a kubelet and cluster DNS would do i
     read whole (not followed) they come back as the raw response `_preload_content=False` gives,
     and a pod's log is gone once its Job is deleted.
 A test stands in for a kubelet that restarted a container by setting `LocalPod.previous_log`.
+
+An elastic gang's Job (``backoffLimitPerIndex`` set) gets the Job controller's per-index policy: a
+pod that fails or is deleted (SIGTERM, then SIGKILL after the grace period, its whole process
+tree, as a kubelet ends a pod's containers) is replaced in its index ``replacement_delay_s`` later
+(the time the cluster takes to find room again), at most ``backoffLimitPerIndex`` times; the
+first pod that succeeds completes the Job and ends the others (``successPolicy``). Bare pods (an
+elastic gang's rendezvous store) run the same way, with ``image_env`` standing in for what the
+image provides, and go with the Job that owns them.
 """
 
 from __future__ import annotations
@@ -99,6 +107,39 @@ class LocalJob:
     manifest: dict[str, Any]
     uid: str
     pods: list[LocalPod] = field(default_factory=list)
+    failures: dict[int, int] = field(default_factory=dict)  # index -> its pods that failed or were deleted
+    replace_at: dict[int, float] = field(default_factory=dict)  # index -> when its replacement starts
+
+    @property
+    def per_index(self) -> bool:
+        return "backoffLimitPerIndex" in self.manifest["spec"]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (torchrun starts its workers in sessions of their own,
+    so a process group does not reach them; a pod's cgroup does)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
 
 
 class LocalCluster:
@@ -110,7 +151,14 @@ class LocalCluster:
         nodes: list[V1Node] | None = None,
         schedulable: bool = True,
         image_id: str = "",
+        replacement_delay_s: float = 0.0,
+        image_env: dict[str, str] | None = None,
+        grace_s: float = 30.0,
     ):
+        self.replacement_delay_s = replacement_delay_s
+        self.image_env = dict(image_env or {})
+        self.grace_s = grace_s
+        self.bare_pods: dict[str, tuple[LocalPod, dict[str, Any]]] = {}
         self.workdir = workdir
         self.image_id = image_id  # what the containers' status reports as the image digest run
         self.secrets = secrets or {}
@@ -124,27 +172,77 @@ class LocalCluster:
 
     # -- pods ------------------------------------------------------------------------------
     def _start_pods(self, job: LocalJob) -> None:
-        spec = job.manifest["spec"]
-        template = spec["template"]
+        for index in range(job.manifest["spec"]["completions"]):
+            self._start_pod(job, index)
+
+    def _start_pod(self, job: LocalJob, index: int) -> LocalPod:
+        template = job.manifest["spec"]["template"]
         name = job.manifest["metadata"]["name"]
-        for index in range(spec["completions"]):
-            pod = LocalPod(
-                name=f"{name}-{index}-{uuid.uuid4().hex[:5]}",
-                index=index,
-                labels=dict(template["metadata"]["labels"]),
-                log_path=self.workdir / f"{name}-{index}.log",
-            )
-            job.pods.append(pod)
-            if not self.schedulable:
-                continue
-            (container,) = template["spec"]["containers"]
-            env, missing = self._container_env(container, index, pod.name, self._node_for(index))
-            if missing:
-                pod.waiting = ("CreateContainerConfigError", missing)
-                continue
-            command = [self._rewrite_dns(job, expand(a, env)) for a in container["command"]]
-            env = {k: self._rewrite_dns(job, v) for k, v in env.items()}
-            pod.proc, pod.pump = self._spawn(command, env, pod.log_path)
+        earlier = sum(p.index == index for p in job.pods)  # a replacement logs apart from its predecessor
+        pod = LocalPod(
+            name=f"{name}-{index}-{uuid.uuid4().hex[:5]}",
+            index=index,
+            labels=dict(template["metadata"]["labels"]),
+            log_path=self.workdir / (f"{name}-{index}.log" if not earlier else f"{name}-{index}.{earlier}.log"),
+        )
+        job.pods.append(pod)
+        if not self.schedulable:
+            return pod
+        (container,) = template["spec"]["containers"]
+        env, missing = self._container_env(container, index, pod.name, self._node_for(index))
+        if missing:
+            pod.waiting = ("CreateContainerConfigError", missing)
+            return pod
+        command = [self._rewrite_dns(job, expand(a, env)) for a in container["command"]]
+        env = {k: self._rewrite_dns(job, v) for k, v in env.items()}
+        pod.proc, pod.pump = self._spawn(command, env, pod.log_path)
+        return pod
+
+    def _end_pod(self, pod: LocalPod) -> None:
+        """A kubelet ending a pod: SIGTERM to every process of it, SIGKILL after the grace period."""
+        if pod.proc is None or pod.proc.poll() is not None:
+            return
+        tree = process_tree(pod.proc.pid)
+        _signal_all(tree, 15)
+        try:
+            pod.proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_all(process_tree(pod.proc.pid) + tree, 9)
+        pod.proc.wait(timeout=10)
+
+    def delete_pod(self, pod_name: str) -> None:
+        """The API server's pod deletion: the pod ends and leaves the list. A Job's index gets a
+        replacement as for a failed pod (the controller counts a deleted pod as failed)."""
+        for job in self.jobs.values():
+            for pod in list(job.pods):
+                if pod.name == pod_name:
+                    self._end_pod(pod)
+                    job.pods.remove(pod)
+                    self.calls.append(f"delete Pod {pod_name}")
+                    if job.per_index:
+                        self._index_failed(job, pod.index)
+                    return
+        if pod_name in self.bare_pods:
+            self._end_pod(self.bare_pods.pop(pod_name)[0])
+            self.calls.append(f"delete Pod {pod_name}")
+            return
+        raise _not_found("pods", pod_name)
+
+    def _index_failed(self, job: LocalJob, index: int) -> None:
+        job.failures[index] = job.failures.get(index, 0) + 1
+        if job.failures[index] <= job.manifest["spec"]["backoffLimitPerIndex"]:
+            job.replace_at[index] = time.monotonic() + self.replacement_delay_s
+
+    def _start_bare_pod(self, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        (container,) = body["spec"]["containers"]
+        env, _ = self._container_env(container, 0, name)
+        pod = LocalPod(name=name, index=0, labels=dict(body["metadata"].get("labels", {})),
+                       log_path=self.workdir / f"{name}.log")
+        pod.proc, pod.pump = self._spawn([expand(a, env) for a in container["command"]],
+                                         {**self.image_env, **env}, pod.log_path)
+        self.bare_pods[name] = (pod, body)
 
     def _node_for(self, index: int) -> str:
         """The node a pod "runs on": the cluster's nodes in turn (for the downward API's spec.nodeName)."""
@@ -182,6 +280,9 @@ class LocalCluster:
         name = job.manifest["metadata"]["name"]
         ns = job.manifest["metadata"]["namespace"]
         subdomain = job.manifest["spec"]["template"]["spec"].get("subdomain")
+        # an elastic gang's rendezvous store Service (its pod listens on every loopback address)
+        text = re.sub(rf"{re.escape(name[:58].rstrip('-'))}-rdzv\.{re.escape(ns)}\.svc(\.[a-z0-9.-]+)?", "127.0.0.254",
+                      text)
         if not subdomain:
             return text
         pattern = re.compile(rf"{re.escape(name)}-(\d+)\.{re.escape(subdomain)}\.{re.escape(ns)}\.svc(\.[a-z0-9.-]+)?")
@@ -226,6 +327,8 @@ class LocalCluster:
     def close(self) -> None:
         for job in list(self.jobs.values()):
             self._kill(job)
+        for pod, _ in list(self.bare_pods.values()):
+            self._end_pod(pod)
 
     # -- API objects ----------------------------------------------------------------------
     def _pod_object(self, pod: LocalPod) -> V1Pod:
@@ -261,6 +364,8 @@ class LocalCluster:
         )
 
     def _job_status(self, job: LocalJob) -> V1JobStatus:
+        if job.per_index:
+            return self._per_index_status(job)
         phases = [p.phase for p in job.pods]
         if "Failed" in phases:
             # backoffLimit 0: the controller fails the Job and stops the other pods.
@@ -271,6 +376,38 @@ class LocalCluster:
         if phases and all(p == "Succeeded" for p in phases):
             return V1JobStatus(succeeded=len(phases), conditions=[V1JobCondition(type="Complete", status="True")])
         return V1JobStatus(active=sum(p in ("Running", "Pending") for p in phases))
+
+    def _per_index_status(self, job: LocalJob) -> V1JobStatus:
+        """backoffLimitPerIndex, maxFailedIndexes, successPolicy succeededCount 1, replacements."""
+        spec = job.manifest["spec"]
+        for pod in job.pods:
+            if pod.phase == "Failed" and not getattr(pod, "counted", False):
+                pod.counted = True  # type: ignore[attr-defined]
+                self._index_failed(job, pod.index)
+        if any(p.phase == "Succeeded" for p in job.pods):
+            for pod in job.pods:
+                self._end_pod(pod)
+            job.replace_at.clear()
+            return V1JobStatus(succeeded=1, conditions=[V1JobCondition(type="SuccessCriteriaMet", status="True"),
+                                                          V1JobCondition(type="Complete", status="True")])
+        failed_for_good = [i for i, n in job.failures.items() if n > spec["backoffLimitPerIndex"]]
+        if len(failed_for_good) > spec.get("maxFailedIndexes", 0):
+            self._kill(job)
+            return V1JobStatus(failed=sum(job.failures.values()), conditions=[V1JobCondition(
+                type="Failed", status="True", reason="MaxFailedIndexesExceeded",
+                message="Job has exceeded the specified maximal number of failed indexes")])
+        now = time.monotonic()
+        for index, at in list(job.replace_at.items()):
+            running = any(p.index == index and p.phase in ("Running", "Pending") for p in job.pods)
+            if now >= at and not running:  # podReplacementPolicy Failed: once the old one is gone
+                del job.replace_at[index]
+                self._start_pod(job, index)
+                self.calls.append(f"replace pod {index}")
+        if not any(p.phase in ("Running", "Pending") for p in job.pods) and not job.replace_at:
+            return V1JobStatus(failed=sum(job.failures.values()), conditions=[V1JobCondition(
+                type="Failed", status="True", reason="BackoffLimitExceeded", message="every index failed")])
+        return V1JobStatus(active=sum(p.phase in ("Running", "Pending") for p in job.pods),
+                           failed=sum(job.failures.values()) or None)
 
     def _pod(self, pod_name: str) -> LocalPod:
         for job in self.jobs.values():
@@ -367,6 +504,11 @@ class _BatchApi:
         assert propagation_policy in ("Background", "Foreground"), "pods would be orphaned"
         self.c._kill(job)
         self.c.calls.append(f"delete Job {name}")
+        for pod_name, (pod, body) in list(self.c.bare_pods.items()):
+            if any(o["uid"] == job.uid for o in body["metadata"].get("ownerReferences", [])):
+                self.c._end_pod(pod)
+                del self.c.bare_pods[pod_name]
+                self.c.calls.append(f"gc Pod {pod_name}")
         # Garbage collection of dependents (the Service owned through ownerReferences).
         for svc_name, svc in list(self.c.services.items()):
             if any(o["uid"] == job.uid for o in svc["metadata"].get("ownerReferences", [])):
@@ -381,6 +523,13 @@ class _CoreApi:
     def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> None:
         self.c.services[body["metadata"]["name"]] = body
         self.c.calls.append(f"create Service {body['metadata']['name']}")
+
+    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
+        self.c._start_bare_pod(body)
+        self.c.calls.append(f"create Pod {body['metadata']['name']}")
+
+    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
+        self.c.delete_pod(name)
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         if self.c.services.pop(name, None) is None:

@@ -475,6 +475,8 @@ class TrainingContext:
             self.reporter.info(message)
 
     # ------------------------------------------------------------ stopping
+    stopped_together = False  # should_stop() said True: every rank stopped with the one that got SIGTERM
+
     @property
     def stop_requested(self) -> bool:
         """This rank got SIGTERM (``should_stop`` tells every rank together)."""
@@ -486,6 +488,7 @@ class TrainingContext:
         here would drain the CUDA queue every time it is asked."""
         flag = torch.tensor([1 if self._stop.requested else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dist.io_group)
+        self.stopped_together = self.stopped_together or bool(flag.item())
         return bool(flag.item())
 
     # ------------------------------------------------------------ sweeps
