@@ -180,7 +180,9 @@ def lineage_rows(record: dict, resolved: Mapping[str, str | None] | None = None)
         *([LineageRow("training pods", pod_summary(record["pod"]))] if record.get("pod") else []),
         LineageRow("training", f"model={training['config'].get('model', {}).get('name')} seed={training['seed']} "
                                f"world_size={training['world_size']} backend={training['backend']}"
-                               f"{sharding_fact(training['config'])}"),
+                               f"{sharding_fact(training['config'])}"
+                               + (f" elastic={training['config']['elastic']} nodes"
+                                  if training["config"].get("elastic") else "")),
         LineageRow("figures", f"final_loss={figures.get('final_loss')} samples/s={figures.get('samples_per_second')}"),
         LineageRow("attempts", attempts_summary(record)),
         *([LineageRow("resizes", resizes_summary(training["resizes"]))] if training.get("resizes") else []),

@@ -588,6 +588,9 @@ class PipelineSpec:
         if not isinstance(r.min_nodes, int) or not 1 <= r.min_nodes <= r.nnodes:
             _fail(n, "recipe.min_nodes", f"must be between 1 and nnodes ({r.nnodes}), got {r.min_nodes!r}; "
                                          "leave it out for a gang of fixed size")
+        if r.sharding == "hsdp" and r.min_nodes < r.nnodes:
+            _fail(n, "recipe.sharding", "'hsdp' replicates over a node grid fixed at launch and cannot resize; use "
+                                        "'fsdp' or 'ddp' for an elastic gang, or leave min_nodes out")
         if r.max_restarts < 1:
             _fail(n, "recipe.max_restarts", "an elastic gang re-forms by restarting its workers: give at least 1 "
                                             "(each lost node uses one restart)")

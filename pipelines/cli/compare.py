@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.lineage import attempt_facts, scalar_metrics
+from core.lineage import attempt_facts, resizes_summary, scalar_metrics
 from resources.store.base import VersionedStore
 
 # Where a version's files were written is no parameter of it; its data shows as commits instead.
@@ -78,6 +78,12 @@ def attempts(record: dict) -> dict[str, object]:
         "resumed from step": facts["resumed_from_step"]}
     for i, a in enumerate(facts["list"] or [], start=1):
         out[f"attempt {i}"] = f"{a.get('ended')}" + (f" ({a['reason']})" if a.get("reason") else "")
+    # An elastic gang's resizes: a version trained through one never compares as a fixed-size one.
+    training = record.get("training") or {}
+    if training.get("resizes"):  # a version without shows "—" beside one with
+        out["resizes"] = resizes_summary(training["resizes"])
+    if (training.get("config") or {}).get("elastic"):
+        out["elastic nodes"] = training["config"]["elastic"]
     return out
 
 

@@ -42,7 +42,8 @@ _YAML_KEY_OF_SPEC_FIELD = {"feature_columns": "features", "label_column": "label
                            "model": "model_name", "label_column/id_column": "label"}
 
 _RECIPE_HELP = ("Training recipe: epochs, batch_size (global), lr, optimizer, weight_decay, lr_schedule, "
-                "warmup_steps, grad_accum_steps, seed, world_size (processes per node), nnodes, sharding, "
+                "warmup_steps, grad_accum_steps, seed, world_size (processes per node), nnodes, min_nodes (an elastic "
+                "gang's fewest nodes), sharding, "
                 "precision, fsdp_units (module class names that FSDP shards as units), fsdp_unit_params, "
                 "activation_checkpointing, checkpoint_every_steps, keep_last_checkpoints, async_checkpoint, max_restarts. "
                 "GPUs: gpus_per_node, nnodes, gpu_resource_name (a MIG profile such as nvidia.com/mig-1g.10gb); "

@@ -76,6 +76,8 @@ def test_a_lost_node_leaves_the_gang_which_goes_on_then_grows_back_when_it_retur
 
     metrics = json.loads((Path(cfg["output_dir"]) / "metrics.json").read_text())
     assert metrics["steps"] == EPOCHS * N // BATCH
+    # the guards judge each group alone: a resize is no hang
+    assert not [d for d in metrics["detections"] if d["detector"] == "hang"], metrics["detections"]
     assert [a["world_size"] for a in metrics["attempts"]] == [2, 1, 2], metrics["attempts"]
     assert [(r["from_world_size"], r["to_world_size"]) for r in metrics["resizes"]] == [(2, 1), (1, 2)]
     assert "a node left the gang" in metrics["resizes"][0]["reason"]

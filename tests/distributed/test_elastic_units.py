@@ -36,6 +36,7 @@ def test_world_sizes_and_the_partitions_every_size_divides():
     ({"nnodes": 2, "min_nodes": 3}, "recipe.min_nodes", "must be between 1 and nnodes (2)"),
     ({"nnodes": 2, "min_nodes": 0}, "recipe.min_nodes", "must be between 1 and nnodes"),
     ({"nnodes": 3, "min_nodes": 1, "max_restarts": 0}, "recipe.max_restarts", "each lost node uses one restart"),
+    ({"nnodes": 2, "min_nodes": 1, "sharding": "hsdp"}, "recipe.sharding", "cannot resize"),
     # 1..3 nodes of 2 ranks: world sizes 2, 4, 6; 64 is not divisible by 6
     ({"nnodes": 3, "min_nodes": 1, "batch_size": 64}, "recipe.batch_size",
      "runs at world sizes [2, 4, 6], so choose a multiple of 12"),
@@ -99,3 +100,16 @@ def test_a_gangs_rank_logs_keep_each_node_and_start_apart():
         "launch_0/node_1-2/attempt_0/local_rank_0.stdout.log"
     assert artifact_name("launch_3/eltest_abc/attempt_1/1/error.json") == "launch_3/attempt_1/rank_1.error.json"
     assert artifact_name("launch_0/nodes.json") == "launch_0/nodes.json"
+
+
+def test_compare_shows_a_training_that_was_resized():
+    from pipelines.cli.compare import attempts
+
+    resized = {"training": {"resizes": resizes([{"name": "a", "world_size": 3, "started_at": 1.0},
+                                                {"name": "b", "world_size": 2, "started_at": 2.0,
+                                                 "resumed_from_step": 9}]),
+                            "config": {"elastic": "2:3"}}}
+    clean = {"training": {"resizes": [], "config": {}}}
+    shown, plain = attempts(resized), attempts(clean)
+    assert shown["resizes"].startswith("1: 3 -> 2 ranks from step 9") and shown["elastic nodes"] == "2:3"
+    assert "resizes" not in plain and "elastic nodes" not in plain  # compare shows "—" beside the resized one

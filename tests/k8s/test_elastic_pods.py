@@ -89,6 +89,8 @@ def test_a_deleted_pod_leaves_the_gang_which_goes_on_with_two_then_grows_back_to
     assert [a["world_size"] for a in metrics["attempts"]] == [3, 2, 3], metrics["attempts"]
     assert [(r["from_world_size"], r["to_world_size"]) for r in metrics["resizes"]] == [(3, 2), (2, 3)]
     assert metrics["steps"] == EPOCHS * N // BATCH
+    # the guards judge each group alone: a resize is no hang
+    assert not [d for d in metrics["detections"] if d["detector"] == "hang"], metrics["detections"]
     # Every attempt's rank 0 reported to Dagster through the shared volume: the final figures at 3.
     (final,) = [m for m in messages if m.get("kind") == "final"]
     assert final["world_size"] == 3

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,7 +50,7 @@ from torch import nn
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.checkpoint.weights import StoredWeights
 from training_runtime.config import ConfigError, RunConfig, check_partitions
-from training_runtime.distributed.elastic import resizes
+from training_runtime.distributed.elastic import ELASTIC_ENV, resizes
 from training_runtime.data.batches import split_loader
 from training_runtime.data.prefetch import chained_epochs
 from training_runtime.data.sampling import (
@@ -572,6 +573,8 @@ class TrainingContext:
                         steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps,
                         torch_version=torch.__version__, **accelerator_versions(self.device),
                         **({"wrapping": self.wrapping} if self.wrapping is not None else {}),
+                        # an elastic gang's MIN:MAX nodes (its world_size above is the last group's)
+                        **({"elastic": os.environ[ELASTIC_ENV]} if os.environ.get(ELASTIC_ENV) else {}),
                         **({"pod": self.pod_record} if self.pod_record is not None else {}))
         ckpt.atomic_write_json(out / "resolved_config.json", resolved)
         ckpt.atomic_write_json(out / "metrics.json", json_safe(metrics))
