@@ -147,6 +147,8 @@ FULL_ONLY: dict[str, str] = {
         "k8s/test_user_code_image's stale image stays",
     "tests/k8s/test_tensorboard_chart.py::test_tensorboard_reads_the_s3_logdir_with_a_read_only_key_and_sees_the_curve_grow":
         "the chart's rendering tests stay",
+    "tests/reliability/test_elastic_faults.py":
+        "a node lost above min and rejoining: distributed/test_elastic_gang stays",
     "tests/k8s/test_elastic_pods.py":
         "the local elastic gang (distributed/test_elastic_gang) and the elastic manifests stay",
     # The browser: make test keeps tests/ui/test_ui (asset graph, a launched run, the pages).

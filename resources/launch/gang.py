@@ -36,6 +36,7 @@ from pathlib import Path
 from resources.launch.supervise import _acquire, _end_group
 
 POLL_S = 0.2
+GANG_FILE = "gang.json"  # the gang's failure, in its launch's log folder
 
 
 @dataclass
@@ -97,6 +98,23 @@ def _start(args: argparse.Namespace, port: int, node: Node, worker: list[str], n
     _write_nodes(args, nodes)
 
 
+def _failure_message(args: argparse.Namespace, lost: list[int], code: int | None) -> str:
+    low, high = args.nodes
+    if lost and high - len(lost) < low:
+        return (f"the gang fell below min_nodes={low}: node(s) {', '.join(map(str, lost))} were lost and no "
+                f"replacement was left ({args.max_replacements} used), so the {high - len(lost)} node(s) left waited "
+                f"for the rendezvous for its join timeout ({args.join_timeout_s:g} s) and gave up")
+    return f"no node runs any more; the training failed (exit code {code})"
+
+
+def _write_outcome(args: argparse.Namespace, message: str, code: int) -> None:
+    """``gang.json`` in the launch's log folder: the launcher names the gang's failure with it."""
+    if args.log_dir:
+        path = Path(args.log_dir) / GANG_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"returncode": code, "message": message}))
+
+
 def _end_all(nodes: list[Node], grace_s: float) -> None:
     for n in nodes:
         if n.proc is not None and n.proc.poll() is None:
@@ -114,7 +132,7 @@ def run(args: argparse.Namespace, worker: list[str]) -> int:
     nodes = [Node(i) for i in range(high)]
     for n in nodes:
         _start(args, store.port, n, worker, nodes)
-    parent, replacements, failure, done_at = os.getppid(), 0, None, None
+    parent, replacements, failure, done_at, lost = os.getppid(), 0, None, None, []
     try:
         while True:
             now = time.monotonic()
@@ -134,6 +152,7 @@ def run(args: argparse.Namespace, worker: list[str]) -> int:
                         say(f"node {n.index} completed the training; waiting up to {args.exit_grace_s:g} s for the others")
                         done_at = now
                 elif rc == -signal.SIGKILL and done_at is None:
+                    lost.append(n.index)
                     left = replacements < args.max_replacements
                     say(f"node {n.index} was lost (killed by SIGKILL); {running} of {high} node(s) remain and "
                         f"re-form from the last checkpoint if at least {low} do"
@@ -161,7 +180,9 @@ def run(args: argparse.Namespace, worker: list[str]) -> int:
                     _end_all(running, args.grace_s)
                     return 0
             elif not running and not waiting:
-                say(f"no node runs any more; the training failed (exit code {failure})")
+                message = _failure_message(args, lost, failure)
+                say(message)
+                _write_outcome(args, message, failure if failure is not None else 1)
                 return failure if failure is not None else 1
             time.sleep(POLL_S)
     finally:

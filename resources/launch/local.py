@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -11,17 +12,20 @@ from typing import Mapping, Sequence
 import dagster as dg
 
 from resources.launch.base import TrainingJob, TrainingLauncher
+from resources.launch.gang import GANG_FILE
 from resources.launch.devices import cuda_device_count, host_devices, reserve_devices, visible_devices_env
 from resources.launch.durable_messages import LiveDurableFileMessageReader, catch_up, messages_file
-from resources.launch.rank_logs import WORKER_LOG_DIR, new_launch_dir
+from resources.launch.rank_logs import LAUNCH_PREFIX, WORKER_LOG_DIR, new_launch_dir
 from training_runtime.distributed.allocator import allocator_env
+from training_runtime.observe.attempts import LaunchOutcome
 
 # Per-GPU lock files of the local launches, under the launcher's work root (see devices.py).
 DEVICE_LOCK_DIR = ".gpu-locks"
 
 
 def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.executable, *,
-                     log_dir: Path | None = None, devices: Sequence[str] = ()) -> list[str]:
+                     log_dir: Path | None = None, devices: Sequence[str] = (),
+                     gang_options: Sequence[str] = ()) -> list[str]:
     """The command line of one local launch: a single node's torchrun under the supervisor (see
     supervise.py; --standalone picks a free rendezvous port), or, for several nodes, a gang of
     torchrun agents, one per node (gang.py: elastic between ``job.min_nodes`` and ``job.nnodes``).
@@ -33,7 +37,7 @@ def torchrun_command(job: TrainingJob, config_path: Path, python: str = sys.exec
             python, "-m", "resources.launch.gang", "--lock", str(lock), "--nodes", job.nnodes_arg,
             f"--nproc={job.nproc_per_node}", f"--run-id={job.name}", f"--max-restarts={job.max_restarts}",
             f"--python={python}", *([f"--log-dir={log_dir}"] if log_dir is not None else []),
-            *([f"--devices={','.join(devices)}"] if devices else []), "--", *worker,
+            *([f"--devices={','.join(devices)}"] if devices else []), *gang_options, "--", *worker,
         ]
     return [
         python, "-m", "resources.launch.supervise", "--lock", str(lock), "--",
@@ -95,6 +99,16 @@ def worker_env(job: TrainingJob, devices: Sequence[str], *, extra_env: Mapping[s
     }
 
 
+def gang_failure(log_dir: Path, outcome: LaunchOutcome | None) -> LaunchOutcome | None:
+    """A local gang's own account of its failure (gang.json, in the launch's newest log folder)
+    put before the runtime's: a gang that fell below min_nodes says so by name."""
+    launches = sorted(log_dir.glob(f"{LAUNCH_PREFIX}*/{GANG_FILE}"), key=lambda p: int(p.parent.name[len(LAUNCH_PREFIX):]))
+    if outcome is None or not launches:
+        return outcome
+    message = json.loads(launches[-1].read_text()).get("message")
+    return dataclasses.replace(outcome, message=f"{message}; {outcome.message}") if message else outcome
+
+
 class LocalTorchrunLauncher(TrainingLauncher):
     """Runs the job's torchrun on this machine, on GPUs no other local run holds, with the code
     location's ``python_path`` first on the workers' PYTHONPATH.
@@ -103,13 +117,20 @@ class LocalTorchrunLauncher(TrainingLauncher):
     needs GPUs. Device locks live under ``work_root``: launchers sharing a GPU host must share it."""
 
     def __init__(self, work_root: Path, python: str = sys.executable, extra_env: dict[str, str] | None = None,
-                 *, device_count: int | None = None, device_wait_s: float = 600.0, python_path: Sequence[str] = ()):
+                 *, device_count: int | None = None, device_wait_s: float = 600.0, python_path: Sequence[str] = (),
+                 rendezvous_join_timeout_s: float = 600.0, node_replacement_s: float = 10.0,
+                 node_replacements: int | None = None):
         self.work_root = Path(work_root)
         self.python = python
         self.extra_env = dict(extra_env or {})
         self.python_path = tuple(python_path)  # the code location's import roots (worker_python_path)
         self.device_count = device_count
         self.device_wait_s = device_wait_s
+        # A local gang of several nodes (gang.py): how long the nodes wait for each other, and how
+        # soon and how often a lost node is started again (None: max_restarts times).
+        self.gang_options = [f"--join-timeout-s={rendezvous_join_timeout_s:g}",
+                             f"--replace-after-s={node_replacement_s:g}",
+                             *([f"--max-replacements={node_replacements}"] if node_replacements is not None else [])]
 
     def _devices(self, wanted: int) -> list[str]:
         if wanted == 0:
@@ -119,6 +140,10 @@ class LocalTorchrunLauncher(TrainingLauncher):
 
     def log_dir(self, job: TrainingJob) -> Path:
         return self.work_root / job.name / WORKER_LOG_DIR
+
+    def failure_of(self, job: TrainingJob) -> LaunchOutcome | None:
+        outcome = super().failure_of(job)
+        return gang_failure(self.log_dir(job), outcome) if job.nnodes > 1 else outcome
 
     def launch(self, context, job: TrainingJob) -> dg.PipesClientCompletedInvocation:
         job_dir = self.work_root / job.name
@@ -140,5 +165,5 @@ class LocalTorchrunLauncher(TrainingLauncher):
             reader = LiveDurableFileMessageReader(messages_file(work_dir, launch_dir.name), context=context)
             client = dg.PipesSubprocessClient(env=env, cwd=str(job_dir), message_reader=reader)
             command = torchrun_command(job, config_path, self.python, log_dir=launch_dir,
-                                       devices=devices if job.nnodes > 1 else ())
+                                       devices=devices if job.nnodes > 1 else (), gang_options=self.gang_options)
             return client.run(context=context, command=command)

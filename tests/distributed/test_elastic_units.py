@@ -113,3 +113,25 @@ def test_compare_shows_a_training_that_was_resized():
     shown, plain = attempts(resized), attempts(clean)
     assert shown["resizes"].startswith("1: 3 -> 2 ranks from step 9") and shown["elastic nodes"] == "2:3"
     assert "resizes" not in plain and "elastic nodes" not in plain  # compare shows "—" beside the resized one
+
+
+def test_a_gang_below_min_nodes_is_named_before_the_runtimes_account(tmp_path):
+    import argparse
+
+    from resources.launch.gang import _failure_message, _write_outcome
+    from resources.launch.local import gang_failure
+    from training_runtime.observe.attempts import LaunchOutcome
+
+    args = argparse.Namespace(nodes=(2, 3), max_replacements=0, join_timeout_s=20.0, log_dir=str(tmp_path / "launch_1"))
+    below = _failure_message(args, [1, 2], 1)
+    assert below.startswith("the gang fell below min_nodes=2: node(s) 1, 2 were lost and no replacement was left")
+    assert "join timeout (20 s)" in below
+    assert _failure_message(args, [1], 1) == "no node runs any more; the training failed (exit code 1)"
+    runtime = LaunchOutcome(False, "Connection closed by peer", (), None)
+    assert gang_failure(tmp_path, runtime) == runtime  # no gang record
+    (tmp_path / "launch_0").mkdir()
+    (tmp_path / "launch_0" / "gang.json").write_text('{"message": "an older launch"}')
+    _write_outcome(args, below, 1)
+    named = gang_failure(tmp_path, runtime)
+    assert named.message == f"{below}; Connection closed by peer" and not named.deterministic
+    assert gang_failure(tmp_path, None) is None

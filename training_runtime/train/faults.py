@@ -3,7 +3,8 @@
 ``TRAINING_RUNTIME_FAULT_KILL_AT_STEP=RANK:STEP`` makes rank RANK SIGKILL itself after optimizer
 step STEP on the first attempt (to exercise ``torchrun --max-restarts``); ``RANK:STEP:checkpoint``
 kills it inside the write of checkpoint STEP instead, after the state file is on disk and before
-the checkpoint is published (rank 0 writes checkpoints).
+the checkpoint is published (rank 0 writes checkpoints); ``RANK:STEP:checkpoint-node`` kills its
+torchrun agent too, as when the node is lost mid-write.
 ``TRAINING_RUNTIME_FAULT_SLOW_RANK=RANK:SECONDS`` makes a rank sleep before each forward (a
 straggler; for a training function: once it has the batch), ``TRAINING_RUNTIME_FAULT_SLOW_LOADER=SECONDS``
 every batch load (a data stall) and
@@ -38,6 +39,7 @@ class FaultInjection:
     rank: int = -1
     step: int = -1
     in_checkpoint_write: bool = False
+    whole_node: bool = False  # the kill takes the rank's torchrun agent too: the node is lost
     slow_rank: int | None = None  # this rank sleeps slow_rank_s before each forward (a straggler)
     slow_rank_s: float = 0.0
     slow_loader_s: float = 0.0  # every batch load sleeps this long (a data stall)
@@ -68,6 +70,8 @@ class FaultInjection:
 
         def kill_if_due(step: int) -> None:
             if self.kill_in_checkpoint_write(rank, step, restart_count):
+                if self.whole_node:  # the node is lost: its torchrun agent first, then this rank
+                    os.kill(os.getppid(), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
         return kill_if_due
 
@@ -90,9 +94,11 @@ def fault_from_env(environ: Mapping[str, str] | None = None) -> FaultInjection |
     if kill:
         rank, _, rest = kill.partition(":")
         step, _, where = rest.partition(":")
-        if not (rank.isdigit() and step.isdigit()) or where not in ("", "checkpoint"):
-            raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP' or 'RANK:STEP:checkpoint', got {kill!r}")
-        fields.update(rank=int(rank), step=int(step), in_checkpoint_write=where == "checkpoint")
+        if not (rank.isdigit() and step.isdigit()) or where not in ("", "checkpoint", "checkpoint-node"):
+            raise ConfigError(f"{FAULT_ENV} must be 'RANK:STEP', 'RANK:STEP:checkpoint' or "
+                              f"'RANK:STEP:checkpoint-node', got {kill!r}")
+        fields.update(rank=int(rank), step=int(step), in_checkpoint_write=where.startswith("checkpoint"),
+                      whole_node=where == "checkpoint-node")
     try:
         if slow_rank:
             rank, _, seconds = slow_rank.partition(":")

@@ -52,7 +52,10 @@ def run_train_fn(ctx: TrainingContext) -> dict[str, Any]:
         ctx.wait_for_checkpoints()
         raise TrainingPreempted(f"train_fn {path!r} stopped on SIGTERM (checkpoint at step {ctx.last_checkpoint_step} "
                                 f"in {ctx.config.checkpoint.dir}); a restart resumes from it")
-    if not ctx.reported:
+    # A group restarted after the last step (a node joined as the training ended) resumes at the end
+    # and has no step left to report: the earlier attempts' reports stand (metrics_reported).
+    ended_before = ctx.resumed_from_step is not None and ctx.resumed_from_step >= ctx.total_steps
+    if not ctx.reported and not ended_before:
         raise TrainFnError(f"train_fn {path!r} returned without reporting any figure; call ctx.report(step, "
                            "loss=...) as it trains (the run's metrics and Dagster's charts come from it)")
     if ctx.saved_model_card is None:
