@@ -131,5 +131,7 @@ def test_a_stopped_rank_is_a_hang_the_watchdog_fails_with_stacks_and_the_restart
     assert first["reason"].startswith("hang: rank 0 finished no training step") and "rank(s) 1" in first["reason"]
     assert [d["detector"] for d in judged(first["detections"])] == ["hang"]
     assert second == {"restart_count": 1, "resumed_from_step": 8, "ended": "completed", "reason": None,
+                      "world_size": 2, "started_at": second["started_at"], "name": second["name"],
                       "detections": second["detections"]}
+    assert second["name"].startswith("L001-R001-") and second["started_at"] > first["started_at"]
     assert [(d["detector"], d["attempt"]) for d in m["detections"] if d["detector"] == "hang"] == [("hang", 1)]

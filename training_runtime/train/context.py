@@ -476,12 +476,13 @@ class TrainingContext:
             self.reporter.info(message)
 
     # ------------------------------------------------------------ stopping
-    stopped_together = False  # should_stop() said True: every rank stopped with the one that got SIGTERM
+    _stopped_together = False  # should_stop() said True: every rank stops with the one that got SIGTERM
 
     @property
     def stop_requested(self) -> bool:
-        """This rank got SIGTERM (``should_stop`` tells every rank together)."""
-        return self._stop.requested
+        """This rank got SIGTERM, or ``should_stop()`` told it that another rank did (it tells every
+        rank together): a function that stopped there ends as preempted on every rank."""
+        return self._stop.requested or self._stopped_together
 
     def should_stop(self) -> bool:
         """Collective: True on every rank once any rank was asked to stop (SIGTERM). The flags are
@@ -489,7 +490,7 @@ class TrainingContext:
         here would drain the CUDA queue every time it is asked."""
         flag = torch.tensor([1 if self._stop.requested else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dist.io_group)
-        self.stopped_together = self.stopped_together or bool(flag.item())
+        self._stopped_together = self._stopped_together or bool(flag.item())
         return bool(flag.item())
 
     # ------------------------------------------------------------ sweeps

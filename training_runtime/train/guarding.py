@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 from training_runtime.checkpoint import full as ckpt
 from training_runtime.config import RunConfig
-from training_runtime.distributed.process_group import DistInfo, all_gather_object
+from training_runtime.distributed.process_group import DistInfo, all_gather_object, broadcast_object
 from training_runtime.observe import guards
 from training_runtime.observe.attempts import RETRYABLE, AttemptLog
 from training_runtime.observe.guards import Detection, HangWatchdog, NonFiniteLoss, RankPlace, WindowedTimes
@@ -129,6 +129,11 @@ class Guards:
         """End the run with the detection ``build(last_good)`` at ``step``: recorded, the last
         good checkpoint pinned, NonFiniteLoss raised (a failure no retry can fix)."""
         good = self.last_good_checkpoint(step)
+        if shared and self.dist.world_size > 1:
+            # Every rank stops here together: they name the one checkpoint rank 0 (which writes them,
+            # and has waited for its write in flight) found. A peer listing the folder itself could
+            # miss a checkpoint rank 0 was publishing at that moment.
+            good = broadcast_object(good, group=self.dist.io_group)
         found = build(good[1] if good else None)
         if good is not None and (self.dist.is_main or not shared):
             ckpt.pin(self.config.checkpoint.dir, good[0], found.message)

@@ -48,7 +48,7 @@ def run_train_fn(ctx: TrainingContext) -> dict[str, Any]:
         ctx.train_time_s = time.perf_counter() - started
     # Every rank that stopped for it, not only the one that got SIGTERM: its peers return from a
     # function that stopped at should_stop() without a model, which is no bug of the function.
-    if ctx.stop_requested or ctx.stopped_together:
+    if ctx.stop_requested:
         ctx.wait_for_checkpoints()
         raise TrainingPreempted(f"train_fn {path!r} stopped on SIGTERM (checkpoint at step {ctx.last_checkpoint_step} "
                                 f"in {ctx.config.checkpoint.dir}); a restart resumes from it")
