@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/dagster_home
 
-.PHONY: install demo test test-all ui bench reliability clean
+.PHONY: install demo test test-all ui bench reliability images test-images clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,25 @@ test: $(STAMP) $(CHROMIUM)
 # The complete suite: make test's tests and the `full` ones (what CI runs, .ci/run).
 test-all: $(STAMP) $(CHROMIUM)
 	$(PYTEST) -m "not heavy" --durations=30
+
+# The training and code-location images, built here from their Dockerfiles with buildah (as root:
+# debootstrap makes the base, helm/images/local_build.py says what stands in for the registry base
+# and the torch index), cached by their inputs; then the smoke tests inside them, run as their pods
+# would (tests/k8s/test_built_images.py). Not part of test-all yet.
+BUILDAH := /usr/bin/buildah
+$(BUILDAH):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah debootstrap >/dev/null; \
+	else \
+		echo "Building images here needs root and Debian's buildah and debootstrap: 'sudo apt-get install buildah debootstrap'"; exit 1; \
+	fi
+
+images: $(STAMP) $(BUILDAH)
+	mkdir -p test-artifacts
+	$(PY) helm/images/local_build.py --json test-artifacts/images.json
+
+test-images: images
+	$(PY) -m pytest tests/k8s/test_built_images.py -q -m heavy -p no:xdist
 
 # The harness's smoke runs, then every row of the table at full size in one run (sweeps and FSDP
 # memory included; under 30 minutes); writes benchmarks/results.json and BENCHMARKS.md's table.
