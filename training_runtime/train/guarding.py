@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import math
 import socket
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -37,6 +38,10 @@ from training_runtime.observe.telemetry import Reporter
 
 log = logging.getLogger(__name__)
 
+
+
+# How long a rank that stops alone waits for the checkpoint rank 0 is due to have published.
+DUE_CHECKPOINT_WAIT_S = 10.0
 
 class Guards:
     def __init__(self, config: RunConfig, dist: DistInfo, reporter: Reporter, attempt_log: AttemptLog | None = None,
@@ -120,6 +125,20 @@ class Guards:
                 self.wait_for_checkpoints()  # an in-flight write settles first (rank 0's writer)
             except Exception as e:  # the stop proceeds with what is on disk; the write's error is told
                 log.error("a checkpoint write failed while stopping the run: %s", e)
+        found = self._newest_before(before_step)
+        every = self.config.checkpoint.every_steps
+        due = ((before_step - 1) // every) * every if every else 0
+        if not self.dist.is_main and due > (found[0] if found else 0):
+            # A rank that stops alone cannot wait for rank 0's writer: it waits a little for the
+            # checkpoint the schedule says rank 0 is publishing (under load rank 0 may still be in
+            # its rename when this rank has reached the bad step), so both name the same one.
+            deadline = time.monotonic() + DUE_CHECKPOINT_WAIT_S
+            while time.monotonic() < deadline and (found is None or found[0] < due):
+                time.sleep(0.05)
+                found = self._newest_before(before_step)
+        return found
+
+    def _newest_before(self, before_step: int) -> tuple[int, str] | None:
         for step, path in ckpt.list_checkpoints(self.config.checkpoint.dir):
             if step < before_step:
                 return step, path.name
