@@ -33,6 +33,9 @@ RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
  && sh /usr/local/sbin/runtime-user.sh --create-home dagster 1000 \
  && mkdir -p "${DAGSTER_HOME}" && chown 1000:1000 "${DAGSTER_HOME}"
 
+# What the image holds (pip's installation report of every distribution), as the training image's.
+RUN pip inspect > /opt/model-factory/SBOM.pip-inspect.json
+
 # The code version, last (see the top); where core.code_version looks when git is absent.
 ARG GIT_SHA
 ARG GIT_DIRTY

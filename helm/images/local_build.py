@@ -201,6 +201,22 @@ def build(name: str, index_url: str | None, *, force: bool = False) -> dict:
     return {"name": name, "image": ref, "cached": False, "seconds": round(time.monotonic() - started, 1), "key": key}
 
 
+SBOM_IN_IMAGE = "opt/model-factory/SBOM.pip-inspect.json"
+
+
+def copy_sbom(ref: str, dest: Path) -> Path:
+    """The image's SBOM (pip's installation report, written by its Dockerfile) copied to ``dest``."""
+    ctr = _run(["buildah", "from", ref]).stdout.strip()
+    try:
+        mnt = Path(_run(["buildah", "mount", ctr]).stdout.strip())
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mnt / SBOM_IN_IMAGE, dest)
+    finally:
+        subprocess.run(["buildah", "umount", ctr], capture_output=True)
+        subprocess.run(["buildah", "rm", ctr], capture_output=True)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python helm/images/local_build.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("images", nargs="*", default=list(IMAGES), choices=list(IMAGES))
@@ -215,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mf-index-") as work, torch_index(Path(work)) as index_url:
             for name in args.images:
                 results[name] = build(name, index_url, force=args.force)
+                if args.json:  # the SBOM beside what was built
+                    results[name]["sbom"] = str(copy_sbom(results[name]["image"], args.json.parent / f"{name}.sbom.json"))
                 print(f"{name}: {results[name]['image']} ({'cached' if results[name]['cached'] else 'built in %.0f s' % results[name]['seconds']})",
                       flush=True)
     except BuildError as exc:

@@ -53,6 +53,11 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
       "torchmetrics>=1.4" "safetensors>=0.4" "onnx>=1.16" "onnxruntime>=1.18" "tokenizers>=0.15.1" \
       "tensorboard>=2.16" "dagster-pipes==${DAGSTER_PIPES_VERSION}"
 
+# What the image holds, for its supply chain: pip's own installation report (name, version,
+# metadata with the license, requirements and origin of every installed distribution), next to
+# BUILD.json; `make images` copies it out beside the image.
+RUN mkdir -p /opt/model-factory && pip inspect > /opt/model-factory/SBOM.pip-inspect.json
+
 WORKDIR /opt/model-factory
 COPY training_runtime/ ./training_runtime/
 ENV PYTHONPATH=/opt/model-factory

@@ -40,7 +40,11 @@ def training_image(tmp_path_factory) -> str:
     proc = subprocess.run([sys.executable, "helm/images/local_build.py", "training", "--json", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())["training"]["image"]
+    built = json.loads(out.read_text())["training"]
+    sbom = json.loads(Path(built["sbom"]).read_text())  # copied out beside the image
+    names = {d["metadata"]["name"].lower(): d["metadata"]["version"] for d in sbom["installed"]}
+    assert names["torch"].startswith("2.13.0") and "dagster-pipes" in names and "dagster" not in names
+    return built["image"]
 
 
 def _pod(tmp_path: Path, image: str) -> tuple[TrainingJob, PodSettings, dict, Path]:
