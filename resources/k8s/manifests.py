@@ -372,6 +372,25 @@ def _labels(job: TrainingJob, settings: PodSettings) -> dict[str, str]:
     }
 
 
+def _place(spec: dict[str, Any], gpu: GpuRequest, settings: PodSettings, *, gang_pod: bool) -> None:
+    """Where a pod of a launch may run and how it is pulled: the pipeline's node selector,
+    tolerations and priority class, the cluster's pull secrets. A training pod also takes the
+    pipeline's affinity and the cluster's (bin-packing) scheduler; the rendezvous store pod, which
+    holds no GPU, only has to be allowed where the training pods are."""
+    if gpu.node_selector:
+        spec["nodeSelector"] = dict(gpu.node_selector)
+    if gpu.tolerations:
+        spec["tolerations"] = [dict(t) for t in gpu.tolerations]
+    if gang_pod and gpu.affinity:
+        spec["affinity"] = gpu.affinity
+    if gpu.priority_class:
+        spec["priorityClassName"] = gpu.priority_class
+    if gang_pod and settings.scheduler_name:
+        spec["schedulerName"] = settings.scheduler_name
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+
+
 def build_pod_template(
     job: TrainingJob, settings: PodSettings, pipes_env: Mapping[str, str]
 ) -> dict[str, Any]:
@@ -417,18 +436,7 @@ def build_pod_template(
     }
     if job.nnodes > 1:
         spec["subdomain"] = service_name(job)
-    if gpu.node_selector:
-        spec["nodeSelector"] = dict(gpu.node_selector)
-    if gpu.tolerations:
-        spec["tolerations"] = [dict(t) for t in gpu.tolerations]
-    if gpu.affinity:
-        spec["affinity"] = gpu.affinity
-    if gpu.priority_class:
-        spec["priorityClassName"] = gpu.priority_class
-    if settings.scheduler_name:
-        spec["schedulerName"] = settings.scheduler_name
-    if settings.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    _place(spec, gpu, settings, gang_pod=True)
     return {"metadata": {"labels": _labels(job, settings)}, "spec": spec}
 
 
@@ -526,14 +534,7 @@ def build_rendezvous_store(job: TrainingJob, settings: PodSettings) -> list[dict
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
-    if gpu.node_selector:
-        spec["nodeSelector"] = dict(gpu.node_selector)
-    if gpu.tolerations:
-        spec["tolerations"] = [dict(t) for t in gpu.tolerations]
-    if gpu.priority_class:
-        spec["priorityClassName"] = gpu.priority_class
-    if settings.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    _place(spec, gpu, settings, gang_pod=False)
     meta = {"name": name, "namespace": settings.namespace, "labels": labels}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": dict(meta), "spec": {

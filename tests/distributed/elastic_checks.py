@@ -1,5 +1,5 @@
 """What the elastic gang tests share: a problem whose feature 0 names each sample, the config a
-team's own training function (elastic_train.py) runs with, and the check that the steps each
+team's own training function (tests/runtime/sample_order_train.py) runs with, and the check that the steps each
 attempt kept hold every epoch's samples exactly once."""
 
 from __future__ import annotations
@@ -8,29 +8,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
-from tests.runtime.helpers import make_config, write_split
+from tests.runtime.helpers import make_config, make_id_dataset
 from tests.runtime.sample_order_train import ID_SCALE
 from training_runtime.data.sampling import rank_epoch_indices
 from training_runtime.distributed.elastic import elastic_partitions
 
 
 def problem(root: Path, n: int, per_shard: int) -> tuple[dict, dict]:
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=(8, 4))
-    splits, locations = {}, {}
-    for split, count in (("train", n), ("validation", 32), ("test", 32)):
-        x = rng.normal(size=(count, 8)).astype(np.float32)
-        y = np.argmax(x @ w, axis=1).astype(np.int64)
-        x[:, 0] = np.arange(count) / ID_SCALE
-        splits[split] = write_split(root, split, x, y, per_shard)
-        for s in splits[split]["shards"]:
-            locations[s["path"]] = (root / s["path"]).as_uri()
-    manifest = {"format": "model-factory.shards/v1", "feature_shape": [8], "feature_dtype": "float32",
-                "label_dtype": "int64", "num_classes": 4, "class_names": list("abcd"),
-                "samples_per_shard": per_shard, "splits": splits}
-    return manifest, locations
+    return make_id_dataset(root, n, per_shard, 32, ID_SCALE)
 
 
 def elastic_config(root: Path, manifest: dict, locations: dict, *, nodes: tuple[int, int], per_node: int,
@@ -38,7 +23,7 @@ def elastic_config(root: Path, manifest: dict, locations: dict, *, nodes: tuple[
     """The runtime config ops/training_config.py makes for an elastic recipe, with the team's function."""
     cfg = make_config(root, manifest, locations, name=name, batch_size=batch, epochs=epochs)
     cfg["checkpoint"]["every_steps"] = every
-    cfg["train_fn"] = "tests.distributed.elastic_train:main"
+    cfg["train_fn"] = "tests.runtime.sample_order_train:main"
     cfg["data"]["partitions"] = elastic_partitions(*nodes, per_node)
     return cfg
 

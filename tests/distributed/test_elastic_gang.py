@@ -2,7 +2,7 @@
 gloo rank each, ``--nnodes=1:2``. Node 1 is lost whole (agent and rank SIGKILLed) after the second
 checkpoint: node 0 goes on alone from the last checkpoint, the gang starts node 1 again, it joins
 at the next rendezvous and the training ends on two ranks. A team's own training function
-(tests/distributed/elastic_train.py) records the samples each rank trains on: the steps kept from
+(tests/runtime/sample_order_train.py, which stops at ctx.should_stop()) records the samples each rank trains on: the steps kept from
 each attempt hold each epoch's samples exactly once, and metrics.json records
 both resizes."""
 

@@ -31,16 +31,21 @@ REPO = Path(__file__).resolve().parents[2]
 SHARED = "/mnt/training"  # the PVC's mount path in the pod
 
 
-@pytest.fixture(scope="module")
-def training_image(tmp_path_factory) -> str:
+def _built(name: str, tmp_path_factory) -> dict:
+    """``make images``' build of one image (cached by its inputs): its record, SBOM path included."""
     missing = tools_missing() or (None if os.geteuid() == 0 else "running images here needs root")
     if missing:
         pytest.skip(missing)
     out = tmp_path_factory.mktemp("images") / "built.json"
-    proc = subprocess.run([sys.executable, "helm/images/local_build.py", "training", "--json", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run([sys.executable, "helm/images/local_build.py", name, "--json", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    built = json.loads(out.read_text())["training"]
+    return json.loads(out.read_text())[name]
+
+
+@pytest.fixture(scope="module")
+def training_image(tmp_path_factory) -> str:
+    built = _built("training", tmp_path_factory)
     sbom = json.loads(Path(built["sbom"]).read_text())  # copied out beside the image
     names = {d["metadata"]["name"].lower(): d["metadata"]["version"] for d in sbom["installed"]}
     assert names["torch"].startswith("2.13.0") and "dagster-pipes" in names and "dagster" not in names
@@ -92,14 +97,7 @@ def test_the_training_image_trains_two_ranks_as_its_pod_would(tmp_path, training
 
 @pytest.fixture(scope="module")
 def code_location_image(tmp_path_factory) -> str:
-    missing = tools_missing() or (None if os.geteuid() == 0 else "running images here needs root")
-    if missing:
-        pytest.skip(missing)
-    out = tmp_path_factory.mktemp("images") / "built.json"
-    proc = subprocess.run([sys.executable, "helm/images/local_build.py", "code-location", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=3600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())["code-location"]["image"]
+    return _built("code-location", tmp_path_factory)["image"]
 
 
 def _wait_for_ping(client, server: subprocess.Popen, timeout_s: float = 180) -> dict:

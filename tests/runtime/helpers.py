@@ -51,6 +51,25 @@ def make_dataset(root: Path, *, n_train: int = 192, n_test: int = 64, feature_sh
     return manifest, locations
 
 
+def make_id_dataset(root: Path, n: int, per_shard: int, held_out: int, id_scale: float) -> tuple[dict, dict]:
+    """A learnable 8-feature, 4-class problem whose feature 0 is each sample's index / ``id_scale``,
+    so a batch says which samples it holds (tests/runtime/sample_order_train.py reads them)."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(8, 4))
+    splits, locations = {}, {}
+    for split, count in (("train", n), ("validation", held_out), ("test", held_out)):
+        x = rng.normal(size=(count, 8)).astype(np.float32)
+        y = np.argmax(x @ w, axis=1).astype(np.int64)
+        x[:, 0] = np.arange(count) / id_scale
+        splits[split] = write_split(root, split, x, y, per_shard)
+        for s in splits[split]["shards"]:
+            locations[s["path"]] = (root / s["path"]).as_uri()
+    manifest = {"format": "model-factory.shards/v1", "feature_shape": [8], "feature_dtype": "float32",
+                "label_dtype": "int64", "num_classes": 4, "class_names": list("abcd"),
+                "samples_per_shard": per_shard, "splits": splits}
+    return manifest, locations
+
+
 def make_config(root: Path, manifest: dict, locations: dict, *, name: str = "run",
                 model: str = "mlp", model_kwargs: dict | None = None, **train: Any) -> dict:
     base_train = {"epochs": 2, "batch_size": 16, "lr": 0.01, "optimizer": "adamw", "seed": 0,

@@ -21,7 +21,8 @@ def sample_ids(features: torch.Tensor) -> list[int]:
 
 
 def main(ctx: TrainingContext) -> None:
-    """Resume, train, record each step's sample ids, checkpoint every checkpoint.every_steps."""
+    """Resume, train, record each step's sample ids, checkpoint every checkpoint.every_steps, and
+    stop after a checkpoint when ``ctx.should_stop()`` says so."""
     seen = Path(ctx.config.checkpoint.dir).parent / "seen"
     seen.mkdir(parents=True, exist_ok=True)
     log = seen / f"w{ctx.world_size}-r{ctx.rank}-pid{os.getpid()}.jsonl"
@@ -46,9 +47,12 @@ def main(ctx: TrainingContext) -> None:
                 opt.step()
                 step += 1
                 ctx.report(step, loss=loss.item())
-                if step % ctx.config.checkpoint.every_steps == 0:
+                stop = ctx.should_stop()  # SIGTERM on any rank (an elastic gang's resize, a preemption)
+                if stop or step % ctx.config.checkpoint.every_steps == 0:
                     ctx.save_checkpoint(step, {"model": ctx.full_state(model),
                                                "optimizer": ctx.full_optimizer_state(model, opt)})
+                if stop:
+                    return  # every step done so far is in that checkpoint
                 if step >= ctx.total_steps:
                     break
     ctx.save_model(model)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.runtime.helpers import make_config, torchrun, write_split
+from tests.runtime.helpers import make_config, make_id_dataset, torchrun
 from tests.runtime.sample_order_train import ID_SCALE
 from training_runtime.data.sampling import epoch_order, rank_epoch_indices, span_starts
 
@@ -36,19 +36,7 @@ def problem(tmp_path_factory):
     """A learnable problem whose feature 0 is the sample's index / ID_SCALE (so batches say which
     samples they hold)."""
     root = tmp_path_factory.mktemp("sample_order")
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=(8, 4))
-    splits, locations = {}, {}
-    for split, n in (("train", N), ("validation", 40), ("test", 40)):
-        x = rng.normal(size=(n, 8)).astype(np.float32)
-        y = np.argmax(x @ w, axis=1).astype(np.int64)
-        x[:, 0] = np.arange(n) / ID_SCALE
-        splits[split] = write_split(root, split, x, y, PER_SHARD)
-        for s in splits[split]["shards"]:
-            locations[s["path"]] = (root / s["path"]).as_uri()
-    manifest = {"format": "model-factory.shards/v1", "feature_shape": [8], "feature_dtype": "float32",
-                "label_dtype": "int64", "num_classes": 4, "class_names": list("abcd"),
-                "samples_per_shard": PER_SHARD, "splits": splits}
+    manifest, locations = make_id_dataset(root, N, PER_SHARD, 40, ID_SCALE)
     return root, manifest, locations
 
 
