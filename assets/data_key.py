@@ -63,13 +63,19 @@ def frame_sha256(frame: pd.DataFrame) -> str:
     return h.hexdigest()
 
 
+SPREAD_ONLY = ("parts_per_step",)  # source fields that say how the work is spread over steps, not what it makes
+
+
 def parameters(spec: PipelineSpec) -> dict:
     table = spec.source is not None and hasattr(spec.source, "chunk_mb")
+    source = plain(spec.source)
+    if isinstance(source, dict):
+        source = {k: v for k, v in source.items() if k not in SPREAD_ONLY}
     return {"task": spec.task, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
             "label_columns": list(spec.label_columns), "class_names": list(spec.class_names),
             "id_column": spec.id_column, "target_range": list(spec.target_range) if spec.target_range else None,
             "shape": list(spec.shape) if spec.feature_columns or spec.feature_shape else None,
-            "source": plain(spec.source), "preprocessing": plain(spec.preprocessing), "split": plain(spec.split),
+            "source": source, "preprocessing": plain(spec.preprocessing), "split": plain(spec.split),
             "chunk_rows": spec.chunk_rows if table else None, "location": spec.location,
             "expectations": {"raw": identity(spec.expectations.raw), "shards": identity(spec.expectations.shards)}}
 

@@ -19,8 +19,9 @@ from assets.data_key import data_key
 from assets.kinds import DataKind
 from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
 from assets.source import SourceError
+from assets.shards_output import shards_outputs, stamp_manifest
 from assets.source_place import describe_files, locate_sources, typed_source_files
-from core.datasets import DATA_KEY, reusable_version
+from core.datasets import reusable_version
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
@@ -47,26 +48,47 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
             files, root, source_commit = source_files(context, spec, s, platform.sources_root, Path(tmp),
                                                       source_commit_tag)
-            key = data_key(spec, describe_files(files, root))
+            described = describe_files(files, root)
+            key = data_key(spec, described)
             reuse = reusable_version(s, name, key)
             if reuse.tag is not None:  # the newest version holds this very data: nothing to make
                 yield from reused_raw(context, s, keys["raw_dataset"], "raw_expectations", name, reuse,
                                       raw_store_path, ensure_run_branch(s, context.run_id), source_commit)
                 return
             context.log.info(not_reused_line(name, reuse, key))
-            raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name)
+            previous = None
+            if getattr(kind, "in_parts", False):  # an image folder: what changed is made, the rest kept
+                from assets.kinds.image_store import parts_line, previous_parts, put_raw
+
+                previous = previous_parts(s, reuse.newest_commit, prefix + "raw/", Path(tmp))
+                raw = kind.ingest(spec, files, root, Path(tmp) / "raw", salt=key["parameters"] + key["code"],
+                                  hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
+                                  previous=previous)
+            else:
+                raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name)
             branch = ensure_run_branch(s, context.run_id)
             if raw.report.passed:  # otherwise only the evidence stays on the run branch
-                s.put_file(branch, raw_store_path, raw.path)
+                if raw.parts is not None:
+                    moved = put_raw(s, branch, prefix + "raw/", raw.path, reuse.newest_commit if previous else None)
+                    context.log.info(parts_line(name, raw.parts, reuse.newest if previous else None, moved))
+                else:
+                    s.put_file(branch, raw_store_path, raw.path)
             s.put_object(branch, prefix + "raw/sources.json", json.dumps(raw.sources, indent=2, sort_keys=True).encode())
         commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
                                    f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": raw_store_path, "rows": raw.rows, "branch": branch,
-                 "source_commit": source_commit, "checks": raw.report.summary(), "data_key": key}
+                 "source_commit": source_commit, "checks": raw.report.summary(), "data_key": key,
+                 "previous_commit": reuse.newest_commit if previous else None, "parts": raw.parts}
+        parts = {"parts_made": raw.parts["new"], "parts_reused": raw.parts["reused"]} if raw.parts else {}
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            "commit_id": commit_id, "rows": raw.rows, "files": len(raw.sources), "store_link": link(s, commit_id),
+            "commit_id": commit_id, "rows": raw.rows, "files": len(raw.sources), "store_link": link(s, commit_id), **parts,
             **({"source_commit": source_commit} if source_commit else {})})
         yield from gate(context, raw.report, keys["raw_dataset"], "raw_expectations", commit_id, branch)
+
+    if getattr(kind, "in_parts", False):  # its parts sharded over steps (assets/image_shard_steps.py)
+        from assets.image_shard_steps import build_image_shards_asset
+
+        return [raw_dataset, build_image_shards_asset(spec, kind, keys, checked)]
 
     @dg.asset(key=keys["shards"], group_name=name, ins={"raw": dg.AssetIn(keys["raw_dataset"])}, kinds={"numpy"},
               retry_policy=TRANSIENT_RETRY,
@@ -89,27 +111,10 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
             except ValueError as exc:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc
-            manifest["source_commit"] = raw["commit_id"]
-            manifest["location"] = spec.location
-            if raw.get("data_key"):  # what a later run compares to reuse these shards
-                manifest[DATA_KEY] = raw["data_key"]
+            stamp_manifest(spec, manifest, raw)
             report = kind.check_shards(spec, manifest, out)
             replace_prefix(s, branch, shard_prefix, out, manifest)
-        commit_id = commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
-                                   raw_commit=raw["commit_id"])
-        counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
-        value = {"dataset": name, "commit_id": commit_id, "prefix": shard_prefix,
-                 "manifest_path": shard_prefix + "manifest.json", "raw_commit": raw["commit_id"], "num_samples": counts,
-                 "location": spec.location, "checks": {"raw_dataset": raw.get("checks"), "shards": report.summary()}}
-        if report.passed and not spec.trains:  # a pipeline that trains publishes with its model version
-            value["dataset_version"] = publish(context, s, branch, platform, name, commit_id)
-        yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            "commit_id": commit_id, **{f"{k}_samples": n for k, n in counts.items()},
-            "columns": dg.MetadataValue.json(manifest["columns"]),
-            "preprocessing": dg.MetadataValue.json(manifest.get("preprocessing", {})),
-            "store_link": link(s, commit_id),
-            **({"dataset_version": value["dataset_version"]} if "dataset_version" in value else {})})
-        yield from gate(context, report, keys["shards"], "shard_expectations", commit_id, branch)
+        yield from shards_outputs(context, s, spec, keys["shards"], raw, manifest, report, branch, platform, checked)
 
     return [raw_dataset, shards]
 

@@ -214,6 +214,7 @@ class Reuse:
     manifest: dict | None  # its manifest
     changed: tuple[str, ...]  # without a version to reuse: the key's parts that differ from the newest's
     newest: str | None  # the newest version's tag, if any
+    newest_commit: str | None = None  # its shards commit, when only its sources differ from the run's
 
 
 def reusable_version(store: VersionedStore, dataset: str, wanted: Mapping[str, str]) -> Reuse:
@@ -236,13 +237,21 @@ def reusable_version(store: VersionedStore, dataset: str, wanted: Mapping[str, s
     manifest = json.loads(store.get_object(commit_id, manifest_path(dataset)))
     published = manifest.get(DATA_KEY) or {}
     if published.get("sha256") != wanted["sha256"]:
-        return Reuse(None, None, None, changed_parts(wanted, published), tag)
-    checks = _data_checks(store, dataset, commit_id)
-    if set(checks) != set(CHECKED_ASSETS) or not all(c.passed for c in checks.values()):
+        changed = changed_parts(wanted, published)
+        # Only the files differ: a kind kept in parts builds on that version's parts
+        # (assets/kinds/image_parts.py), if its reports say it passed as a published version must.
+        base = commit_id if changed == ("sources",) and _passed(store, dataset, commit_id) else None
+        return Reuse(None, None, None, changed, tag, base)
+    if not _passed(store, dataset, commit_id):
         # A version is published only after both suites passed; one whose reports say otherwise
         # is not taken as is: its data is made and checked again.
         return Reuse(None, None, None, ("checks",), tag)
     return Reuse(tag, commit_id, manifest, (), tag)
+
+
+def _passed(store: VersionedStore, dataset: str, commit_id: str) -> bool:
+    checks = _data_checks(store, dataset, commit_id)
+    return set(checks) == set(CHECKED_ASSETS) and all(c.passed for c in checks.values())
 
 
 def changed_parts(wanted: Mapping[str, str], published: Mapping[str, str]) -> tuple[str, ...]:

@@ -66,6 +66,11 @@ class ImageFolder:
     max_side: int = 8192  # largest accepted width or height (Pillow's bomb limit applies too)
     modes: tuple[str, ...] = ("L", "RGB", "RGBA")  # accepted Pillow modes
     files_per_chunk: int = 512  # images ingested (and checked) at a time: memory stays bounded
+    # Images per part, on average: the unit a new version reuses when the folder changes
+    # (assets/kinds/image_parts.py). Smaller parts make an edit cheaper and shards at part ends smaller.
+    files_per_part: int = 4096
+    # New parts sharded per Dagster step (a pod each on Kubernetes): assets/image_shard_steps.py.
+    parts_per_step: int = 8
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -486,6 +491,10 @@ class PipelineSpec:
             _fail(n, "preprocessing.jpeg_quality", "must lie between 1 and 100")
         if not 1 <= src.min_side <= src.max_side:
             _fail(n, "source.min_side", f"need 1 <= min_side ({src.min_side}) <= max_side ({src.max_side})")
+        for field_name in ("files_per_chunk", "files_per_part", "parts_per_step"):
+            if not isinstance(getattr(src, field_name), int) or getattr(src, field_name) < 1:
+                _fail(n, f"source.{field_name}", f"{getattr(src, field_name)!r}: give a whole number of images, "
+                      "at least 1")
 
     def _check_text(self, n: str, src: "TextCorpus", prep: "TextPreprocessing") -> None:
         if not src.paths:

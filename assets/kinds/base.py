@@ -20,3 +20,4 @@ class RawData:
     rows: int  # samples (images, documents) accepted
     report: QualityReport
     sources: list[dict] = field(default_factory=list)  # one description per source file read
+    parts: dict | None = None  # a kind kept in parts: how many were reused and how many made

@@ -1,5 +1,5 @@
 """Checks on the image shards just written: counts and fractions per split, labels, checksums,
-the id order, and that JPEG samples decode to the declared size.
+the id order (within each part), and that JPEG samples decode to the declared size.
 
 The shard files are read back through ``training_runtime.data.shard_format.ShardColumns``, as the
 training loader reads them. Great Expectations validates two tables (``samples``: split and
@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from assets.kinds.image_decode import decode_jpeg
+from assets.kinds.image_shards import CARRIED
 from assets.quality.runner import QualityReport, run_suite
 from assets.sharding import SPLITS
 from assets.source import file_sha256
@@ -49,17 +50,36 @@ def shard_suite(num_classes: int) -> dict[str, list]:
 
 
 def check_image_shards(spec: PipelineSpec, manifest: dict, out_dir: Path) -> QualityReport:
+    """The shards under ``out_dir`` read back and checked; a shard the previous version made and
+    this one carries over (``CARRIED``) was read back and checked when that version was made, from
+    the same part of the same files under the same parameters and code (the part's key says so):
+    it counts here by its part's record (samples and labels per split, its range of ids), and the
+    trainer verifies its sha256 when it fetches it."""
     columns = columns_from_manifest(manifest)
     encoded = manifest["preprocessing"]["encoded"]
     shape = tuple(manifest["sample_shape"])
     channels = manifest["preprocessing"]["channels"]
     failures: list[str] = []
     total = sum(info["num_samples"] for info in manifest["splits"].values())
+    part_of = {path: part for part in manifest.get("parts", []) for info in part["splits"].values()
+               for path in info["shards"]}
     split_rows, samples = [], []
     for split in SPLITS:
         info = manifest["splits"].get(split, {"num_samples": 0, "shards": []})
-        counted, checksums_ok, decodes_ok, last_id = 0, True, True, None
+        counted, checksums_ok, decodes_ok, last_id, in_part = 0, True, True, None, None
+        counted_parts: set[str] = set()
         for entry in info["shards"]:
+            part = part_of.get(entry["path"])
+            if part is not None and part["key"] != in_part:  # ids increase within a part's shards
+                last_id, in_part = None, part["key"]
+            if entry.get(CARRIED):
+                counted += entry["num_samples"]
+                if part["key"] not in counted_parts:  # a part's labels once, however many shards it has
+                    counted_parts.add(part["key"])
+                    counts = part["splits"][split]["label_counts"]
+                    samples.append(pd.DataFrame({"split": split, "label": np.repeat(
+                        np.array([int(k) for k in counts], dtype=np.int64), [counts[k] for k in counts])}))
+                continue
             path = out_dir / entry["path"]
             digest = file_sha256(path)
             if digest != entry["sha256"]:
@@ -135,3 +155,12 @@ def _plain_failures(tables: dict[str, pd.DataFrame], class_names: list[str]) -> 
     out += [f"class {name!r} (label {i}) has no sample in the train split"
             for i, name in enumerate(class_names) if i not in in_train]
     return out
+
+
+def check_shard_files(spec: PipelineSpec, manifest: dict, out_dir: Path) -> list[str]:
+    """What only the files can tell about the shards of ``manifest`` under ``out_dir`` (a sha256,
+    a shard that does not read back, ids out of order within a part, a JPEG that does not decode),
+    for a step that made some of a version's parts: the split-level checks (fractions, classes
+    in train, counts) need every part and run once the steps are done, on the parts' records."""
+    paths = {e["path"] for info in manifest["splits"].values() for e in info["shards"] if not e.get(CARRIED)}
+    return [f for f in check_image_shards(spec, manifest, out_dir).failures if f.split(": ", 1)[0] in paths]

@@ -1,15 +1,18 @@
-"""Ingest an image folder: find and label every file, check it, and write the raw copy.
+"""Ingest an image folder: find and label every file, check it, and write the raw copy, part by part.
 
 Labels come from class sub-folders (``root/<class>/<file>``) or from a manifest (CSV/Parquet in
 root) of relative paths and labels. Every file is checked; what is wrong is reported with the
 file's path under the sources root and the problem, and the run stops before main. Images are
 read ``files_per_chunk`` at a time, decoded in full on the worker pool (a truncated or corrupt
-file is found here), and appended to the raw copy one Parquet row group per chunk, in id order.
+file is found here), and appended to their part's raw copy one Parquet row group per chunk, in
+id order. The parts (assets/kinds/image_parts.py) that the previous version already holds are not
+read again: their checked rows come from that version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +22,16 @@ from PIL import Image
 from assets.kinds.base import RawData
 from assets.kinds.image_decode import FORMAT_OF_EXTENSION, ImageInfo
 from assets.kinds.image_listing import Entry, Problems, list_entries
-from assets.kinds.image_pool import WorkerPool, inspect_task, task_size
+from assets.kinds.image_parts import INDEX_NAME, index, intact, raw_part_path, rows_part_path, split_into_parts
+from assets.kinds.image_pool import WorkerPool, inspect_task, task_size, workers_for
 from assets.quality.chunked import ChunkedRawSuite
 from assets.quality.runner import ExpectationOutcome, QualityReport
+from assets.source import file_sha256
 from core.spec import ImageFolder, PipelineSpec
 
-RAW_NAME = "images.parquet"
+RAW_NAME = INDEX_NAME  # raw/parts.json; the parts lie beside it (assets/kinds/image_parts.py)
 RAW_COLUMNS = ("id", "label", "width", "height", "mode", "format", "sha256", "bytes")
+_SUITE_COLUMNS = ("id", "label", "width", "height", "mode", "format")  # the suite's ``rows`` table
 
 
 def image_suite(spec: PipelineSpec) -> dict[str, list]:
@@ -55,13 +61,13 @@ class RawImageWriter:
     are stored uncompressed (they are compressed images) and without statistics (a min/max of
     whole images would bloat the footer); the footer stays small however many row groups."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, with_bytes: bool = True):
         import pyarrow as pa
 
-        self.path, self._writer = path, None
-        self.schema = pa.schema([("id", pa.string()), ("label", pa.string()), ("width", pa.int32()),
-                                 ("height", pa.int32()), ("mode", pa.string()), ("format", pa.string()),
-                                 ("sha256", pa.string()), ("bytes", pa.large_binary())])
+        self.path, self.with_bytes, self._writer = path, with_bytes, None
+        fields = [("id", pa.string()), ("label", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
+                  ("mode", pa.string()), ("format", pa.string()), ("sha256", pa.string())]
+        self.schema = pa.schema(fields + ([("bytes", pa.large_binary())] if with_bytes else []))
 
     def append(self, rows: list[tuple[Entry, ImageInfo, bytes]]) -> None:
         import pyarrow as pa
@@ -71,14 +77,18 @@ class RawImageWriter:
             return
         if self._writer is None:
             small = [c for c in RAW_COLUMNS if c != "bytes"]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(
                 self.path, self.schema, compression={**{c: "zstd" for c in small}, "bytes": "none"},
                 use_dictionary=["label", "mode", "format"], write_statistics=small)
-        table = pa.Table.from_pydict({
+        columns = {
             "id": [e.id for e, _, _ in rows], "label": [e.label for e, _, _ in rows],
             "width": [i.width for _, i, _ in rows], "height": [i.height for _, i, _ in rows],
             "mode": [i.mode for _, i, _ in rows], "format": [i.format for _, i, _ in rows],
-            "sha256": [i.sha256 for _, i, _ in rows], "bytes": [b for _, _, b in rows]}, schema=self.schema)
+            "sha256": [i.sha256 for _, i, _ in rows]}
+        if self.with_bytes:
+            columns["bytes"] = [b for _, _, b in rows]
+        table = pa.Table.from_pydict(columns, schema=self.schema)
         self._writer.write_table(table, row_group_size=len(rows))
 
     def close(self) -> None:
@@ -88,67 +98,131 @@ class RawImageWriter:
 
 @dataclass
 class _Chunk:
-    """Images of one chunk as they come back from the pool."""
+    """Images of one chunk as they come back from the pool; ``part`` is the index of its part."""
 
-    index: int
+    part: int
     rows: list[tuple[Entry, ImageInfo | None, str | None, bytes]]
 
 
-def ingest_images(spec: PipelineSpec, files: list[Path], root: Path, out: Path,
-                  workers: int | None = None) -> RawData:
+@dataclass(frozen=True)
+class PreviousParts:
+    """The parts of the version a run builds on (the newest published one, when its parameters
+    and code equal the run's): ``parts`` by key, as its index lists them, and ``rows(part)``, which
+    brings that part's rows table (``image-rows/<name>.parquet``) here and gives its path."""
+
+    parts: dict[str, dict]
+    rows: Callable[[dict], Path]
+
+
+def ingest_images(spec: PipelineSpec, files: list[Path], root: Path, out: Path, workers: int | None = None, *,
+                  salt: str = "", hashes: Mapping[str, str] | None = None,
+                  previous: PreviousParts | None = None) -> RawData:
+    """The raw copy under the directory ``out``: ``parts.json`` (the index of every part) and, for
+    each new part, ``images/<name>.parquet`` and ``image-rows/<name>.parquet``.
+
+    ``hashes`` are the files' sha256 by their path under ``root`` (the data key has read them;
+    what is missing is read here). A part of ``previous`` whose images are all still there,
+    unchanged, is kept and its images are neither read nor decoded: its rows table goes through
+    the suite, so the report is the one a full ingest gives. The other images make new parts."""
     src: ImageFolder = spec.source
     problems = Problems(src.root)
     sources: dict[str, dict] = {}
     entries = sorted(list_entries(spec, files, root, problems, sources), key=lambda e: e.id)
+    digests = [(hashes or {}).get(e.source_key) or file_sha256(e.path) for e in entries]
+    members = [(e.id, e.label, d) for e, d in zip(entries, digests)]
+    current = {m[0]: m for m in members}
     suite = ChunkedRawSuite(f"{spec.name}/raw_dataset", image_suite(spec), (), "label")
-    writer = RawImageWriter(out)
-    accepted = 0
+    out.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    claimed: set[str] = set()
+    for record in (previous.parts.values() if previous else ()):  # one rows table at a time
+        table = previous.rows(record)
+        frame = pd.read_parquet(table, columns=[*_SUITE_COLUMNS, "sha256"])
+        table.unlink()
+        held = list(zip(frame["id"], frame["label"], frame["sha256"]))
+        if not intact(record["key"], held, current, salt):
+            continue
+        suite.add(frame[list(_SUITE_COLUMNS)])
+        claimed.update(frame["id"])
+        records.append({**record, "reused": True})
+    by_id = {e.id: (e, d) for e, d in zip(entries, digests)}
+    for image_id in claimed:
+        entry, digest = by_id[image_id]
+        sources[entry.source_key]["sha256"] = digest
+    entries = [e for e in entries if e.id not in claimed]  # what no kept part holds: read and checked now
+    parts = split_into_parts([current[e.id] for e in entries], src.files_per_part, salt)
+    new = list(range(len(parts)))
+    writers: dict[int, tuple[RawImageWriter, RawImageWriter]] = {}
+    accepted = {i: 0 for i in new}
     try:
-        with WorkerPool(workers) as pool:
-            for chunk in _inspected_chunks(pool, entries, src.files_per_chunk, problems):
+        with WorkerPool(workers_for(len(entries), workers)) as pool:
+            chunks = [(i, entries[s:min(s + src.files_per_chunk, parts[i].stop)]) for i in new
+                      for s in range(parts[i].start, parts[i].stop, src.files_per_chunk)]
+            for chunk in _inspected_chunks(pool, chunks, problems):
                 if not chunk.rows:
                     continue
                 frame, keep = _check_chunk(src, chunk, problems, sources)
                 suite.add(frame)
-                writer.append(keep)
-                accepted += len(keep)
+                if keep:
+                    if chunk.part not in writers:
+                        name = parts[chunk.part].name
+                        writers[chunk.part] = (RawImageWriter(out / raw_part_path(name)),
+                                               RawImageWriter(out / rows_part_path(name), with_bytes=False))
+                    for writer in writers[chunk.part]:
+                        writer.append(keep)
+                accepted[chunk.part] += len(keep)
     finally:
-        writer.close()
+        for pair in writers.values():
+            for writer in pair:
+                writer.close()
+    for i in new:
+        part = parts[i]
+        records.append({"key": part.key, "name": part.name, "rows": accepted[i], "images": part.stop - part.start,
+                        "first_id": entries[part.start].id, "last_id": entries[part.stop - 1].id,
+                        "raw": raw_part_path(part.name), "rows_table": rows_part_path(part.name), "reused": False})
+    records.sort(key=lambda r: r["first_id"])
     report = suite.finish()
     report.outcomes.append(_class_shares(suite))
     failures = problems.messages()
-    if not entries and not failures:
+    if not entries and not claimed and not failures:
         failures.append(f"{src.root}: no images found in the image folder")
     report = QualityReport(report.asset, report.outcomes, failures)
-    return RawData(path=out, rows=accepted, report=report,
-                   sources=[sources[k] for k in sorted(sources)])
+    made = index([{k: v for k, v in r.items() if k != "reused"} for r in records], salt, src.files_per_part)
+    (out / INDEX_NAME).write_text(json.dumps(made, indent=2, sort_keys=True))
+    return RawData(path=out, rows=sum(r["rows"] for r in records), report=report,
+                   sources=[sources[k] for k in sorted(sources)],
+                   parts={"reused": sum(1 for r in records if r["reused"]), "new": len(new),
+                          "reused_rows": sum(r["rows"] for r in records if r["reused"])})
 
 
-def _inspected_chunks(pool: WorkerPool, entries: list[Entry], per_chunk: int,
-                      problems: Problems) -> Iterator[_Chunk]:
-    """Chunks of ``entries`` with each image's (info, problem), checked on the pool; files that
-    cannot be read or are empty are reported here and never sent."""
+def _inspected_chunks(pool: WorkerPool, chunks: list[tuple[int, list[Entry]]], problems: Problems) -> Iterator[_Chunk]:
+    """``chunks`` of (part index, entries) with each image's (info, problem), checked on the pool;
+    files that cannot be read or are empty are reported here and never sent."""
     limit = Image.MAX_IMAGE_PIXELS  # the caller's bomb limit travels with each task
 
     def jobs():
-        for index, start in enumerate(range(0, len(entries), per_chunk)):
+        for index_, (part, entries) in enumerate(chunks):
             readable = []
-            for entry in entries[start:start + per_chunk]:
+            for entry in entries:
                 content = _read(entry, problems)
                 if content is not None:
                     readable.append((entry, content))
             step = task_size(len(readable), pool.workers)
             for s in range(0, len(readable), step):
-                part = readable[s:s + step]
-                yield (index, part), ([c for _, c in part], [e.extension for e, _ in part], limit)
+                chunk_part = readable[s:s + step]
+                yield (index_, part, chunk_part), ([c for _, c in chunk_part], [e.extension for e, _ in chunk_part],
+                                                   limit)
 
-    current = _Chunk(0, [])
-    for (index, part), results in pool.ordered(inspect_task, jobs()):
-        if index != current.index:
-            yield current
-            current = _Chunk(index, [])
-        current.rows += [(entry, info, problem, content) for (entry, content), (info, problem) in zip(part, results)]
-    yield current
+    current, current_index = None, None
+    for (index_, part, chunk_part), results in pool.ordered(inspect_task, jobs()):
+        if index_ != current_index:
+            if current is not None:
+                yield current
+            current, current_index = _Chunk(part, []), index_
+        current.rows += [(entry, info, problem, content)
+                         for (entry, content), (info, problem) in zip(chunk_part, results)]
+    if current is not None:
+        yield current
 
 
 def _read(entry: Entry, problems: Problems) -> bytes | None:

@@ -1,10 +1,12 @@
 """The raw copy of an image folder preprocessed into shards (format v2) and their manifest.
 
-One pass over the raw copy, row group by row group: each image's split comes from a seeded hash
-of its id, its pixels from the worker pool, and it is appended to its split's open shard, which
-is written out when full. The raw copy is in id order (ingest writes it so), so every split's
-samples are in id order and the order the source listed them in changes nothing. Memory holds
-the tasks in flight and one open shard per split (``shard_mb`` each), not the dataset.
+One pass over each part of the raw copy (assets/kinds/image_parts.py), row group by row group:
+each image's split comes from a seeded hash of its id, its pixels from the worker pool, and it
+is appended to its part's open shard of its split, written out when full or when the part ends
+(``<split>/<part name>-<n>.bin``). Each part is in id order, so each part's samples of a split
+are in id order and the order the source listed them in changes nothing. Memory
+holds the tasks in flight and one open shard per split (``shard_mb`` each), not the dataset. The
+parts the previous version already sharded keep their shards.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pandas as pd
 from PIL import Image
 
 from assets.kinds.image_decode import BACKGROUND, load_function, preprocessing_code_sha256, sample_shape
-from assets.kinds.image_pool import WorkerPool, preprocess_task, task_size
+from assets.kinds.image_parts import INDEX_NAME, read_index
+from assets.kinds.image_pool import WorkerPool, preprocess_task, task_size, workers_for
 from assets.sharding import SPLITS, assign_splits
 from core.spec import ImagePreprocessing, PipelineSpec
 from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
@@ -40,11 +43,12 @@ class _OpenShard:
     """The samples of one split waiting for their shard file; written when full."""
 
     def __init__(self, split: str, out_dir: Path, writer: ShardWriter, prep: ImagePreprocessing,
-                 max_samples: int | None, max_bytes: int | None):
+                 max_samples: int | None, max_bytes: int | None, part: str):
         self.split, self.out_dir, self.writer, self.prep = split, out_dir, writer, prep
-        self.max_samples, self.max_bytes = max_samples, max_bytes
+        self.max_samples, self.max_bytes, self.part = max_samples, max_bytes, part
         self.entries: list[dict] = []
         self.num_samples = 0
+        self.label_counts: dict[str, int] = {}  # label index (as text: JSON keys) -> samples, for the checks
         self._reset()
 
     def _reset(self) -> None:
@@ -90,12 +94,14 @@ class _OpenShard:
         n = len(self.ids)
         if not n:
             return
-        rel = f"{self.split}/{len(self.entries):05d}.bin"
+        rel = f"{self.split}/{self.part}-{len(self.entries):05d}.bin"
         image = self.jpegs if self.prep.encoded else self.pixels[:n]
         name = "jpeg" if self.prep.encoded else "image"
         self.entries.append(self.writer.write(self.out_dir / rel, rel, {
             name: image, "label": np.asarray(self.labels, dtype=np.int64), "id": self.ids}))
         self.num_samples += n
+        for label in self.labels:
+            self.label_counts[str(label)] = self.label_counts.get(str(label), 0) + 1
         self._reset()
 
 
@@ -111,7 +117,13 @@ def shard_capacity(spec: PipelineSpec, prep: ImagePreprocessing) -> tuple[int | 
     return None, int(spec.split.shard_mb * 2**20)
 
 
-def shard_images(spec: PipelineSpec, raw_file: Path, out_dir: Path, workers: int | None = None) -> dict:
+def shard_images(spec: PipelineSpec, raw_dir: Path, out_dir: Path, workers: int | None = None,
+                 previous: dict | None = None) -> dict:
+    """The shards of the raw copy under ``raw_dir`` (its ``parts.json`` and the parts it lists) and
+    their manifest. A part whose key ``previous`` (the previous version's manifest) lists keeps
+    that version's shards: their entries are carried over, and nothing of it is read or written.
+    Every other part is read from ``raw_dir`` and sharded on its own: a shard never holds two
+    parts, so a part's shards depend on that part alone."""
     prep = preprocessing_of(spec)
     function = load_function(prep.function) if prep.function else None  # import errors: ValueError, here
     code_sha256 = preprocessing_code_sha256(prep, function)
@@ -120,10 +132,20 @@ def shard_images(spec: PipelineSpec, raw_file: Path, out_dir: Path, workers: int
     max_samples, max_bytes = shard_capacity(spec, prep)
     fractions = (spec.split.train, spec.split.validation, spec.split.test)
     out_dir.mkdir(parents=True, exist_ok=True)
-    shards = {s: _OpenShard(s, out_dir, writer, prep, max_samples, max_bytes) for s in SPLITS}
-    with WorkerPool(workers) as pool:
-        jobs = _jobs(spec, prep, raw_file, fractions, pool.workers)
-        for (ids, labels, codes), samples in pool.ordered(preprocess_task, jobs):
+    parts = read_index((raw_dir / INDEX_NAME).read_bytes())["parts"]
+    kept = {p["key"]: p for p in (previous or {}).get("parts", [])}
+    kept_entries = {e["path"]: e for info in (previous or {}).get("splits", {}).values() for e in info["shards"]}
+    made: dict[int, dict[str, _OpenShard]] = {}
+    new = [i for i, p in enumerate(parts) if p["key"] not in kept]
+    with WorkerPool(workers_for(sum(parts[i]["rows"] for i in new), workers)) as pool:
+        jobs = _jobs(spec, prep, raw_dir, [(i, parts[i]) for i in new], fractions, pool.workers)
+        for (i, ids, labels, codes), samples in pool.ordered(preprocess_task, jobs):
+            if i not in made:
+                for shard in (made[max(made)].values() if made else ()):  # the previous part is complete
+                    shard.flush()
+                made[i] = {s: _OpenShard(s, out_dir, writer, prep, max_samples, max_bytes, parts[i]["name"])
+                           for s in SPLITS}
+            shards = made[i]
             if prep.encoded:
                 for image_id, label, code, sample in zip(ids, labels, codes, samples):
                     shards[SPLITS[code]].add_jpeg(image_id, label, sample)
@@ -131,10 +153,27 @@ def shard_images(spec: PipelineSpec, raw_file: Path, out_dir: Path, workers: int
             codes = np.asarray(codes)
             for code in np.unique(codes):  # each split's samples of the slice, in their order
                 where = np.flatnonzero(codes == code)
-                shards[SPLITS[code]].add_pixels([ids[i] for i in where], [labels[i] for i in where],
+                shards[SPLITS[code]].add_pixels([ids[j] for j in where], [labels[j] for j in where],
                                                 samples[where])
-    for shard in shards.values():
-        shard.flush()
+    for shards in made.values():
+        for shard in shards.values():
+            shard.flush()
+    splits = {s: {"num_samples": 0, "shards": []} for s in SPLITS}
+    part_records = []
+    for i, part in enumerate(parts):
+        if i in made:
+            record = {"key": part["key"], "name": part["name"], "first_id": part["first_id"],
+                      "last_id": part["last_id"],
+                      "splits": {s: {"num_samples": made[i][s].num_samples, "label_counts": made[i][s].label_counts,
+                                     "shards": [e["path"] for e in made[i][s].entries]} for s in SPLITS}}
+            entries = {s: made[i][s].entries for s in SPLITS}
+        else:
+            record = kept[part["key"]]
+            entries = {s: [_carried(kept_entries, path) for path in record["splits"][s]["shards"]] for s in SPLITS}
+        part_records.append(record)
+        for s in SPLITS:
+            splits[s]["shards"] += entries[s]
+            splits[s]["num_samples"] += record["splits"][s]["num_samples"]
     return {
         "format": FORMAT_V2,
         "kind": "images",
@@ -146,34 +185,56 @@ def shard_images(spec: PipelineSpec, raw_file: Path, out_dir: Path, workers: int
         "preprocessing": _describe(prep, code_sha256),
         "split": {"seed": spec.split.seed, "fractions": dict(zip(SPLITS, fractions)), "by": SPLIT_BY},
         "shard_size": {"max_samples": max_samples, "max_bytes": max_bytes},
-        "splits": {s: {"num_samples": shards[s].num_samples, "shards": shards[s].entries} for s in SPLITS},
+        "splits": splits,
+        "parts": part_records,
     }
 
 
-def _jobs(spec: PipelineSpec, prep: ImagePreprocessing, raw_file: Path, fractions: tuple[float, float, float],
-          workers: int) -> Iterator[tuple[tuple, tuple]]:
-    """(ids, label indices, split codes) and the worker's task, slice by slice of each row group."""
+def carried_shards(manifest: dict) -> set[str]:
+    """Paths of the manifest's shards that a previous version made (``shard_images`` marks them)."""
+    return {e["path"] for info in manifest["splits"].values() for e in info["shards"] if e.get(CARRIED)}
+
+
+CARRIED = "carried"  # a shard entry's mark, dropped before the manifest is published
+
+
+def _carried(entries: dict[str, dict], path: str) -> dict:
+    if path not in entries:
+        raise ValueError(f"the previous version's manifest lists shard {path!r} in its parts but not in its splits; "
+                         "re-materialise the shards without reuse")
+    return {**entries[path], CARRIED: True}
+
+
+def _jobs(spec: PipelineSpec, prep: ImagePreprocessing, raw_dir: Path, parts: list[tuple[int, dict]],
+          fractions: tuple[float, float, float], workers: int) -> Iterator[tuple[tuple, tuple]]:
+    """(part index, ids, label indices, split codes) and the worker's task, slice by slice of each
+    row group of each part to shard."""
     import pyarrow.parquet as pq
 
     class_index = {c: i for i, c in enumerate(spec.class_names)}
     limit = Image.MAX_IMAGE_PIXELS
-    last_id = None
-    raw = pq.ParquetFile(raw_file)
-    for group in range(raw.num_row_groups):
-        table = raw.read_row_group(group, columns=["id", "label", "bytes"])
-        ids = table.column("id").to_pylist()
-        if ids and (last_id is not None and ids[0] <= last_id or any(a >= b for a, b in zip(ids, ids[1:]))):
-            raise ValueError(f"the raw copy {raw_file.name} is not in strictly increasing id order (row group "
-                             f"{group}); ingest writes it sorted, so it was written by something else")
-        last_id = ids[-1] if ids else last_id
-        labels = [_label_index(class_index, label, i) for label, i in zip(table.column("label").to_pylist(), ids)]
-        codes = assign_splits(pd.Series(ids, dtype=str), spec.split.seed, fractions).tolist()
-        contents = table.column("bytes").to_pylist()
-        del table
-        step = task_size(len(ids), workers)
-        for s in range(0, len(ids), step):
-            e = s + step
-            yield (ids[s:e], labels[s:e], codes[s:e]), (prep, ids[s:e], contents[s:e], limit)
+    for index_, part in parts:
+        last_id = None
+        path = raw_dir / part["raw"]
+        if not path.is_file():
+            raise ValueError(f"part {part['name']} of the raw copy ({part['raw']}) is not there to shard; "
+                             "re-materialise the raw dataset")
+        raw = pq.ParquetFile(path)
+        for group in range(raw.num_row_groups):
+            table = raw.read_row_group(group, columns=["id", "label", "bytes"])
+            ids = table.column("id").to_pylist()
+            if ids and (last_id is not None and ids[0] <= last_id or any(a >= b for a, b in zip(ids, ids[1:]))):
+                raise ValueError(f"the raw copy's part {path.name} is not in strictly increasing id order (row "
+                                 f"group {group}); ingest writes it sorted, so it was written by something else")
+            last_id = ids[-1] if ids else last_id
+            labels = [_label_index(class_index, label, i) for label, i in zip(table.column("label").to_pylist(), ids)]
+            codes = assign_splits(pd.Series(ids, dtype=str), spec.split.seed, fractions).tolist()
+            contents = table.column("bytes").to_pylist()
+            del table
+            step = task_size(len(ids), workers)
+            for s in range(0, len(ids), step):
+                e = s + step
+                yield (index_, ids[s:e], labels[s:e], codes[s:e]), (prep, ids[s:e], contents[s:e], limit)
 
 
 def _label_index(class_index: dict[str, int], label: str, image_id: str) -> int:

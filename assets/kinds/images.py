@@ -6,8 +6,11 @@ The work is split by stage:
 - ``image_listing``: which files are images, and their labels (class folders or manifest);
 - ``image_decode``: one image checked (format, size, mode, a full decode) or preprocessed;
 - ``image_pool``: the process pool that runs those on every core, in order;
-- ``image_ingest``: the raw copy (``images.parquet``: id, label, width, height, mode, format,
-  sha256 and the original bytes) with its Great Expectations report;
+- ``image_parts``: the parts the folder is kept in, so that a new version costs what changed;
+- ``image_ingest``: the raw copy, part by part (``images/<part>.parquet``: id, label, width,
+  height, mode, format, sha256 and the original bytes; ``parts.json`` lists the parts) with its
+  Great Expectations report;
+- ``image_store``: what a new version's commit adds, keeps and removes;
 - ``image_shards`` / ``image_checks``: the shards (``image`` uint8 (h, w, c) or ``jpeg`` bytes,
   ``label`` int64, ``id`` str), their manifest, and their checks.
 """
@@ -31,15 +34,17 @@ class ImageKind:
     """``workers``: processes that decode and preprocess (None: one per core)."""
 
     raw_name = RAW_NAME
+    in_parts = True  # raw copy and shards kept per part (assets/kinds/image_parts.py)
 
     def __init__(self, workers: int | None = None):
         self.workers = workers
 
-    def ingest(self, spec: PipelineSpec, files: list[Path], root: Path, out: Path) -> RawData:
-        return ingest_images(spec, files, root, out, self.workers)
+    def ingest(self, spec: PipelineSpec, files: list[Path], root: Path, out: Path, **build_on) -> RawData:
+        """``out`` is a directory; ``build_on``: ``salt``, ``hashes``, ``previous`` (``ingest_images``)."""
+        return ingest_images(spec, files, root, out, self.workers, **build_on)
 
-    def shard(self, spec: PipelineSpec, raw_file: Path, out_dir: Path) -> dict:
-        return shard_images(spec, raw_file, out_dir, self.workers)
+    def shard(self, spec: PipelineSpec, raw_dir: Path, out_dir: Path, previous: dict | None = None) -> dict:
+        return shard_images(spec, raw_dir, out_dir, self.workers, previous)
 
     def check_shards(self, spec: PipelineSpec, manifest: dict, out_dir: Path) -> QualityReport:
         return check_image_shards(spec, manifest, out_dir)

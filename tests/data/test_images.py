@@ -172,7 +172,7 @@ def test_a_user_function_replaces_the_builtin_and_its_code_is_in_the_manifest(us
     paths = write_files(root / "pics", files)
 
     spec = image_spec("pics", prep=ImagePreprocessing(size=(16, 16), channels="L"), samples_per_shard=100)
-    raw = INLINE.ingest(spec, paths, root, tmp_path / "images.parquet")
+    raw = INLINE.ingest(spec, paths, root, tmp_path / "raw")
     assert raw.report.passed, raw.report.failures
 
     def manifest_with(function, kind):
@@ -224,7 +224,7 @@ def test_shards_are_deterministic_and_their_checks_catch_a_changed_file_a_wrong_
     paths = write_files(root / "pics", files)
     spec = image_spec("pics", prep=ImagePreprocessing(size=(16, 12), encoded=True, jpeg_quality=85),
                       samples_per_shard=6)
-    raw = INLINE.ingest(spec, paths, root, tmp_path / "images.parquet")
+    raw = INLINE.ingest(spec, paths, root, tmp_path / "raw")
     out = tmp_path / "shards"
 
     manifest = INLINE.shard(spec, raw.path, out)
@@ -254,7 +254,7 @@ def test_pixel_shards_hold_every_image_once_in_id_order_across_shard_boundaries(
     root = tmp_path / "sources"
     paths = write_files(root / "pics", files)
     spec = image_spec("pics", prep=ImagePreprocessing(size=(8, 8)), samples_per_shard=4)
-    raw = INLINE.ingest(spec, paths, root, tmp_path / "images.parquet")
+    raw = INLINE.ingest(spec, paths, root, tmp_path / "raw")
 
     manifest = IMAGES.shard(spec, raw.path, tmp_path / "shards")
 
@@ -289,10 +289,10 @@ def test_ingest_reads_a_parquet_manifest_and_links_inside_the_sources_root(tmp_p
     spec = image_spec("pics", manifest="labels.parquet", path_column="file", label_column="class")
     paths = sorted(p for p in (root / "pics").rglob("*") if p.is_symlink() or p.is_file())
 
-    raw = INLINE.ingest(spec, paths, root, tmp_path / "images.parquet")
+    raw = INLINE.ingest(spec, paths, root, tmp_path / "raw")
 
     assert raw.report.passed, raw.report.failures
-    table = pd.read_parquet(raw.path)
+    table = pd.read_parquet(raw.path / "images")  # one part: 7 images
     assert tuple(table.columns) == RAW_COLUMNS and raw.rows == 7
     assert list(table["id"]) == sorted(table["id"])  # the raw copy is in id order
     assert table.set_index("id").loc["all/linked.png", "bytes"] == shared.read_bytes()
@@ -494,4 +494,4 @@ def test_bad_input_fails_the_run_names_the_file_and_leaves_main_alone(shared_pla
     assert check.check_name == "raw_expectations" and check.passed is False
     report = json.loads(store.get_object(f"run-{result.run_id}", "datasets/bad/validation/raw_dataset.json"))
     assert report["passed"] is False and all(any(m in f for f in report["failures"]) for m in messages)
-    assert not store.exists(f"run-{result.run_id}", "datasets/bad/raw/images.parquet")
+    assert not store.exists(f"run-{result.run_id}", "datasets/bad/raw/parts.json")
