@@ -28,6 +28,10 @@ samples the whole process tree (the child, its forkserver and the pool workers) 
 anonymous memory. The child's own maximum RSS comes from ``getrusage`` as well (exact, between
 samples).
 
+8f, an edit against a whole ingest. ``grow --share 0.01`` times a full ingest of the folder,
+then the ingest of the folder with 1 % more images that builds on the first one's parts
+(``grow``'s docstring).
+
 ``write --images N`` draws the folder (once; classes circle/square/triangle in turn) and ingests
 the raw copy that the platform side of 8c starts from.
 """
@@ -100,10 +104,11 @@ def _warm(paths: list[Path]) -> None:
 
 
 def raw_copy(data: Path) -> Path:
-    """The raw copy ingest writes (``images.parquet``), made once for the platform side of 8c."""
-    from assets.kinds.image_ingest import RAW_NAME, ingest_images
+    """The raw copy ingest writes (a directory: ``parts.json`` and the parts), made once for the
+    platform side of 8c."""
+    from assets.kinds.image_ingest import ingest_images
 
-    out = data / "raw" / RAW_NAME
+    out = data / "raw" / "image-parts"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
@@ -175,7 +180,7 @@ def measure(how: str, data: Path, workers: int) -> dict:
     spec = image_spec() if how != "plain" else None
     if spec is not None:
         import assets.kinds.image_shards  # noqa: F401  (imported before the clock, as the plain side's Pillow is)
-    _warm([raw] if raw is not None else files)  # both read from the page cache
+    _warm(sorted(p for p in raw.rglob("*.parquet")) if raw is not None else files)  # both from the page cache
     pool_start_s = None
     if how == "platform_warm":
         started = time.perf_counter()
@@ -270,6 +275,53 @@ def measure_memory(data: Path, stride: int) -> dict:
             "main_max_rss_bytes": child_max, "max_processes": peak["processes"]}
 
 
+def grow(data: Path, share: float, work: Path) -> dict:
+    """8f: what an edit of the folder costs against making it whole. A full ingest (raw_dataset's
+    ``ingest_images`` with every file hashed, the shards asset's ``shard_images`` and
+    ``check_image_shards``) of every file; then the same three on the folder with ``share`` more
+    images (copies of its first files under new names, in their class folders), building on the
+    first version's parts as a run does when only the files changed. Both on every core, both
+    timed from the listing to the checked shards."""
+    from assets.kinds.image_checks import check_image_shards
+    from assets.kinds.image_ingest import PreviousParts, ingest_images
+    from assets.kinds.image_parts import INDEX_NAME, read_index
+    from assets.kinds.image_shards import shard_images
+
+    spec, files = image_spec(), image_files(data)
+    root = work / "root"
+    for f in files:  # hard links: the folder as it is, without copying it
+        (root / f.relative_to(data)).parent.mkdir(parents=True, exist_ok=True)
+        os.link(f, root / f.relative_to(data))
+    before = image_files(root)
+
+    def timed(listed: list[Path], out: Path, previous: PreviousParts | None, manifest: dict | None):
+        t0 = time.perf_counter()
+        raw = ingest_images(spec, listed, root, out / "raw", salt="bench", previous=previous)
+        made = shard_images(spec, out / "raw", out / "shards", previous=manifest)
+        report = check_image_shards(spec, made, out / "shards")
+        if not (raw.report.passed and report.passed):
+            raise RuntimeError(f"ingest refused the benchmark's images: {(raw.report.failures + report.failures)[:3]}")
+        return time.perf_counter() - t0, raw, made
+
+    full_s, first, manifest = timed(before, work / "full", None, None)
+    added = max(1, round(len(before) * share))
+    for i, f in enumerate(before[:added]):
+        shutil.copyfile(f, f.with_name(f"grown-{i:06d}{f.suffix}"))
+    kept = read_index((work / "full" / "raw" / INDEX_NAME).read_bytes())["parts"]
+
+    def rows(part: dict) -> Path:  # as the store's download would: a copy the ingest may delete
+        copy = work / "previous" / part["rows_table"]
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(work / "full" / "raw" / part["rows_table"], copy)
+        return copy
+
+    grown_s, second, grown = timed(image_files(root), work / "grown", PreviousParts({p["key"]: p for p in kept}, rows),
+                                   manifest)
+    return {"images": len(before), "added": added, "full_s": full_s, "grown_s": grown_s,
+            "grown_vs_full": grown_s / full_s, "parts": second.parts,
+            "samples": sum(s["num_samples"] for s in grown["splits"].values())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.image_ingest")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -287,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--data", type=Path, required=True)
     i.add_argument("--stride", type=int, required=True)
     i.add_argument("--work", type=Path, required=True)
+    g = sub.add_parser("grow", help="8f: a full ingest, then one of the folder with --share more images")
+    g.add_argument("--data", type=Path, required=True)
+    g.add_argument("--share", type=float, default=0.01)
     a = ap.parse_args(argv)
     if a.cmd == "write":
         emit(write_folder(a.data, a.images))
@@ -294,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         emit(measure(a.how, a.data, a.workers))
     elif a.cmd == "memory":
         emit(measure_memory(a.data, a.stride))
+    elif a.cmd == "grow":
+        with tempfile.TemporaryDirectory(dir=a.data.parent, prefix="grow-") as work:
+            emit(grow(a.data, a.share, Path(work)))
     else:
         emit(ingest(a.data, a.stride, a.work))
     return 0
