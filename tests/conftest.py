@@ -151,6 +151,8 @@ FULL_ONLY: dict[str, str] = {
         "a node lost above min and rejoining: distributed/test_elastic_gang stays",
     "tests/k8s/test_elastic_pods.py":
         "the local elastic gang (distributed/test_elastic_gang) and the elastic manifests stay",
+    "tests/reliability/test_data_faults.py":
+        "runtime/test_stream_s3 (store down, cut connections) and data/test_stream_cache (corrupt, full) stay",
     # The browser: make test keeps tests/ui/test_ui (asset graph, a launched run, the pages).
     "tests/ui/test_live_plots.py": "a training watched live; ui/test_ui stays",
     "tests/ui/test_live_tensorboard.py": "a training watched live; ui/test_ui stays",
