@@ -7,10 +7,20 @@ export DAGSTER_HOME ?= $(CURDIR)/dagster_home
 
 .PHONY: install demo test test-all ui bench reliability images test-images clean
 
+# uv installs the same pins as pip from the same places, several times faster (make demo's budget
+# includes the install); .ci/uv_args.py hands it pip's configuration (local wheels, mirrors,
+# constraints), which uv does not read. unsafe-best-match picks across indexes as pip does.
+# Where uv cannot be installed, pip does the install (it says so).
+UV := uv==0.13.9
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@if $(PY) -m pip install --quiet --upgrade pip $(UV); then \
+		$(PY) -m uv pip install --python $(PY) --quiet --index-strategy unsafe-best-match \
+			$$($(PY) .ci/uv_args.py) -c constraints.txt -e '.[dev]'; \
+	else \
+		echo "uv could not be installed; installing with pip (slower)"; \
+		$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'; \
+	fi
 	touch $(STAMP)
 
 install: $(STAMP)
