@@ -132,6 +132,10 @@ def test_an_edited_folder_makes_a_version_that_writes_only_the_changed_parts_and
         # the 3 added images, and the parts that held the changed and the removed one, remade
         assert 1 <= len(new_parts) <= 5 and len(new_parts) < len(after["parts"]) // 2
         assert len(parts_before - {p["key"] for p in after["parts"]}) <= 2
+        # exactly the parts that held the changed and the removed image are dropped, no other
+        touched = {changed.relative_to(folder).as_posix(), removed.relative_to(folder).as_posix()}
+        holders = {p["key"] for p in before["parts"] if any(p["first_id"] <= i <= p["last_id"] for i in touched)}
+        assert parts_before - {p["key"] for p in after["parts"]} == holders and 1 <= len(holders) <= 2
         raw = next(e for e in second.get_asset_materialization_events()
                    if e.asset_key.path[-1] == "raw_dataset").materialization.metadata
         assert raw["parts_reused"].value == len(after["parts"]) - len(new_parts)
