@@ -10,12 +10,16 @@ export DAGSTER_HOME ?= $(CURDIR)/dagster_home
 # uv installs the same pins as pip from the same places, several times faster (make demo's budget
 # includes the install); .ci/uv_args.py hands it pip's configuration (local wheels, mirrors,
 # constraints), which uv does not read. unsafe-best-match picks across indexes as pip does.
+# --compile-bytecode writes the .pyc files at install, as pip does: uv leaves them to the first
+# import otherwise, and where Python may not write them (PYTHONDONTWRITEBYTECODE, read-only
+# site-packages) every process of the demo and its torchrun workers compiles what it imports again
+# (make demo from no .venv: 4 min 21 s without, 2 min 59 s with, of which 11 s more install).
 # Where uv cannot be installed, pip does the install (it says so).
 UV := uv==0.13.9
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if $(PY) -m pip install --quiet --upgrade pip $(UV); then \
-		$(PY) -m uv pip install --python $(PY) --quiet --index-strategy unsafe-best-match \
+		$(PY) -m uv pip install --python $(PY) --quiet --compile-bytecode --index-strategy unsafe-best-match \
 			$$($(PY) .ci/uv_args.py) -c constraints.txt -e '.[dev]'; \
 	else \
 		echo "uv could not be installed; installing with pip (slower)"; \
