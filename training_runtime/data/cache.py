@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 FETCH_ATTEMPTS = 5  # attempts of one shard's transfer (each resumes where the last stopped)
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # sleep before attempt 2, 3, ... (the last value repeats)
 CHUNK_BYTES = 1 << 20
+IDLE_RECHECK_S = 0.01  # the read-ahead thread, when it found nothing to fetch, looks again after this
 DEFAULT_DISK_SHARE = 0.8  # data.cache_limit unset: this share of the cache disk (free + already cached)
 PERMANENT_S3_CODES = {"NoSuchKey", "NoSuchBucket", "404", "AccessDenied", "403", "InvalidAccessKeyId",
                       "SignatureDoesNotMatch", "InvalidBucketName"}
@@ -287,6 +288,7 @@ class ShardCache:
         self._listeners: list[Callable[[str], None]] = []
         self._verified_local: set[tuple[str, str]] = set()
         self._verifying: dict[tuple[str, str], threading.Event] = {}
+        self._paths: dict[str, Path] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         self._adopt_existing()
@@ -312,7 +314,10 @@ class ShardCache:
         self.stats.peak_bytes = max(self.stats.peak_bytes, self._used())
 
     def path_of(self, ref: ShardRef) -> Path:
-        return ref.local_path if ref.is_local else self.dir / f"{ref.sha256}.bin"
+        path = self._paths.get(ref.url)  # made once per shard: every read asks for it
+        if path is None:
+            path = self._paths[ref.url] = ref.local_path if ref.is_local else self.dir / f"{ref.sha256}.bin"
+        return path
 
     def add_listener(self, fn: Callable[[str], None]) -> None:
         """``fn(sha256)`` runs (under the cache's lock) before an evicted shard's file is deleted:
@@ -463,7 +468,8 @@ class ShardCache:
                     for e in entries:
                         e.pins += 1
                         e.fresh = False
-                    self._note_peak()
+                    if missing:  # only a reservation adds to what the cache holds
+                        self._note_peak()
                     return missing
                 if self._closed:
                     raise DataError("the shard cache was closed")
@@ -473,6 +479,8 @@ class ShardCache:
         """Ready, unpinned shards to evict so that ``need`` more bytes fit (None: they cannot now).
         First shards nothing reads again, then the furthest next read (Belady). ``before``: only
         shards read after that point may go (read-ahead must not evict what is needed sooner)."""
+        if need <= 0:  # every shard asked for is here or coming: nothing to make room for
+            return []
         free = self.limit - self._used()
         if need <= free:
             return []
@@ -612,7 +620,13 @@ class ShardCache:
                 e = self._next_to_prefetch()
                 if e is None:
                     self._cond.wait(0.5)
-                    continue
+            if e is None:
+                # Readers wake this thread at every batch; with nothing to fetch (a warm cache, or
+                # enough read ahead) each look scans every shard under the lock the readers take.
+                # Looking again at most every IDLE_RECHECK_S keeps that off their time; a fetch
+                # starts that much later at worst, far less than the fetch itself takes.
+                time.sleep(IDLE_RECHECK_S)
+                continue
             try:
                 self._fetch(e)
                 with self._cond:

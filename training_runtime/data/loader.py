@@ -267,6 +267,8 @@ class TypedLoader(BatchPrefetcher):
         if budget is None or len(batches) == 1:
             return [batches]
         budget //= self.num_workers
+        if self.split.cached_bytes() <= budget:  # the whole split fits: so does any load of it
+            return [batches]
         parts, current, held = [], [], set()
         for b in batches:
             shards = set(np.unique(np.searchsorted(self.split.starts, b, side="right") - 1).tolist())

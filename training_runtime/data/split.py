@@ -105,6 +105,10 @@ class TypedSplit:
             for s, p in enumerate(paths):
                 self._open(s, Path(p))
         else:
+            # per shard, the bytes it takes in the cache (file:// shards, read in place, take none):
+            # a load asks for them on every batch, so they are worked out once
+            self._cache_bytes = [0 if r.is_local else r.num_bytes for r in refs]
+            self._cached_total = sum(self._cache_bytes)
             self._by_key: dict[str, list[int]] = {}
             for s, r in enumerate(refs):
                 self._by_key.setdefault(r.sha256, []).append(s)
@@ -163,13 +167,15 @@ class TypedSplit:
 
     def cache_budget(self) -> int | None:
         """Bytes this split's cache may hold (None: nothing is cached, every shard is read in place)."""
-        if self._cache is None or all(r.is_local for r in self._refs):
+        if self._cache is None or not self._cached_total:
             return None
         return self._cache.limit
 
-    def cached_bytes(self, shards: Collection[int]) -> int:
-        """What these shards take in the cache (file:// shards take none)."""
-        return sum(self._refs[s].num_bytes for s in shards if not self._refs[s].is_local)
+    def cached_bytes(self, shards: Collection[int] | None = None) -> int:
+        """What these shards (None: all of the split's) take in the cache (file:// shards take none)."""
+        if self._cache is None:
+            return 0
+        return self._cached_total if shards is None else sum(self._cache_bytes[s] for s in shards)
 
     def plan_reads(self, batches: Sequence[np.ndarray]) -> Schedule | None:
         """Tell the cache the order this reader gathers ``batches`` in (None: nothing to tell)."""
