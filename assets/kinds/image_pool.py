@@ -41,8 +41,31 @@ MAX_IMAGES_PER_TASK = 64
 _FUNCTIONS: dict[str, Callable] = {}  # the user's preprocessing function, imported once per worker
 
 
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "<quota> <period>" or "max <period>"
+
+
 def default_workers() -> int:
-    return os.cpu_count() or 1
+    """The CPUs this process may use: its affinity mask, capped by its cgroup's CPU quota. A
+    pod's CPU limit is that quota, and ``os.cpu_count()`` is the node's cores: a pool of that size
+    in a 2-CPU pod on a 64-core node would run 64 processes on 2 CPUs' time, each holding images."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS)
+        cpus = os.cpu_count() or 1
+    try:
+        with open(CGROUP_CPU_MAX) as f:
+            quota = cpu_quota(f.read())
+    except OSError:  # no cgroup v2 CPU controller here: the affinity is the limit
+        quota = None
+    return max(1, min(cpus, quota) if quota is not None else cpus)
+
+
+def cpu_quota(cpu_max: str) -> int | None:
+    """Whole CPUs a cgroup v2 ``cpu.max`` line allows, rounded up (None: no quota, "max")."""
+    quota, _, period = cpu_max.strip().partition(" ")
+    if quota == "max" or not period:
+        return None
+    return max(1, -(-int(quota) // int(period)))
 
 
 def workers_for(images: int, workers: int | None) -> int | None:
