@@ -22,11 +22,11 @@ import time
 import traceback
 from pathlib import Path
 
-from benchmarks import data_rows, image_rows, loader_rows, pipeline_rows, training_rows
+from benchmarks import data_rows, image_rows, loader_rows, pipeline_rows, stream_rows, training_rows
 from benchmarks.common import BENCH, DATA, REPO, load_average, machine
 from benchmarks.harness import SIZES, Ctx, Rows, ensure_peers
 
-MODULES = (loader_rows, image_rows, data_rows, training_rows, pipeline_rows)
+MODULES = (loader_rows, image_rows, data_rows, stream_rows, training_rows, pipeline_rows)
 RUNNERS = {name: fn for m in MODULES for name, fn in m.RUNNERS.items()}  # the default run, in the table's order
 EXTRA = dict(loader_rows.EXTRA)  # only when named with --only
 RENDER = {name: m.render for m in MODULES for name in (*m.RUNNERS, *getattr(m, "EXTRA", {}))}

@@ -142,3 +142,46 @@ def test_the_guards_row_shows_the_runs_spread_and_the_guards_own_work_alone():
     guards["cost"] = 0.152
     row = _row(table(_results(guards=guards)), "5b. telemetry and guards")
     assert row[1] == "+15.2% step time" and row[4] == "**missed**" and row[2].endswith("(median of 3 runs each, alternated)")
+
+
+def _streaming(first: tuple[float, float], disk_mb: float, node_mb: tuple[float, float], s3_rate: float) -> dict:
+    split = 256 * MB
+    limit = split // 4
+    return {"shard_bytes": 2 * MB, "shards": {"1x": 8, "16x": 128},
+            "first_step": {"median_s": {"1x": first[0], "16x": first[1]}, "ratio_16x_vs_1x": first[1] / first[0],
+                           "split_bytes": {"1x": 16 * MB, "16x": split}},
+            "cache_bound": {"cache_limit": limit, "split_bytes": split, "shard_bytes": 2 * MB, "readers": 2,
+                            "bound_bytes": limit + 4 * MB, "disk_peak_bytes": disk_mb * MB,
+                            "peak_vs_limit": disk_mb * MB / limit, "within": disk_mb * MB <= limit + 4 * MB,
+                            "data_wait_share": {"s3": 0.13, "local": 0.02},
+                            "samples_per_s": {"s3": 40000.0, "local": 60000.0}},
+            "per_node": {"split_bytes": split, "bytes_per_node": [node_mb[0] * MB, node_mb[1] * MB],
+                         "share_per_node": [node_mb[0] * MB / split, node_mb[1] * MB / split],
+                         "max_share": max(node_mb) * MB / split, "epochs": 1},
+            "loader": {"samples_per_s": {"s3": s3_rate, "local": 1e6}, "s3_vs_local": s3_rate / 1e6}}
+
+
+def test_the_streaming_rows_judge_first_step_cache_bytes_per_node_and_the_warm_loader():
+    text = table(_results(streaming=_streaming((5.0, 5.5), 64, (128, 128), 850000.0)))
+    first = _row(text, "10a.")
+    assert first[1] == "1.10× the time at 1×" and first[3] == "≤ 1.2×" and first[4] == "met"
+    bound = _row(text, "10b.")
+    assert bound[1].startswith("peak 1.00× cache_limit, within") and bound[4] == "met"
+    assert "from S3 13.0%, from local files 2.0%" in bound[2]
+    node = _row(text, "10c.")
+    assert node[1] == "0.50× of the split (the larger node)" and node[4] == "met"
+    loader = _row(text, "10e.")
+    assert loader[1] == "0.85× local" and loader[3] == "≥ 0.8×" and loader[4] == "met"
+
+    text = table(_results(streaming=_streaming((5.0, 9.0), 80, (128, 200), 500000.0)))
+    assert [_row(text, f)[4] for f in ("10a.", "10b.", "10c.", "10e.")] == ["**missed**"] * 4
+    assert _row(text, "10b.")[1].startswith("peak 1.25× cache_limit, over")
+
+
+def test_a_streaming_figure_that_failed_says_why_and_leaves_the_others():
+    entry = _streaming((5.0, 5.5), 64, (128, 128), 850000.0)
+    entry["per_node"] = {"error": "node 1 exited 1: rendezvous timed out"}
+    text = table(_results(streaming=entry))
+    failed = _row(text, "10. streaming: per_node")
+    assert failed[1] == "failed" and "rendezvous timed out" in failed[2] and failed[4] == "**missed**"
+    assert _row(text, "10a.")[4] == "met" and not [ln for ln in text.splitlines() if ln.startswith("| 10c.")]
