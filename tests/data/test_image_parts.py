@@ -136,6 +136,15 @@ def test_an_edited_folder_makes_a_version_that_writes_only_the_changed_parts_and
         touched = {changed.relative_to(folder).as_posix(), removed.relative_to(folder).as_posix()}
         holders = {p["key"] for p in before["parts"] if any(p["first_id"] <= i <= p["last_id"] for i in touched)}
         assert parts_before - {p["key"] for p in after["parts"]} == holders and 1 <= len(holders) <= 2
+        # and the new parts hold exactly the images read again: those the dropped parts' ranges hold
+        # now (the changed one among them, the removed one gone) and the 3 added
+        now = sorted(f.relative_to(folder).as_posix() for f in folder.rglob("*") if f.is_file())
+        added = {f"{k}/new-0.jpg" for k in CLASSES}
+
+        def held(parts) -> set[str]:
+            return {i for i in now if any(p["first_id"] <= i <= p["last_id"] for p in parts)}
+
+        assert held(new_parts) == held([p for p in before["parts"] if p["key"] in holders]) | added
         raw = next(e for e in second.get_asset_materialization_events()
                    if e.asset_key.path[-1] == "raw_dataset").materialization.metadata
         assert raw["parts_reused"].value == len(after["parts"]) - len(new_parts)

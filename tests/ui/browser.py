@@ -4,14 +4,18 @@ The fixtures built on them (``browser``, ``page``) are in tests/ui/conftest.py."
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Iterator
 
+import dagster as dg
+from dagster_graphql import DagsterGraphQLClient
 from playwright.sync_api import Browser, Page, expect
 
 from pipelines.models.digits import write_digits_source
 from tests.cli.demo_platform import INSTANCE_YAML
-from tests.ui.webserver import REPO
+from tests.ui.webserver import REPO, running_webserver
 
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 CHROMIUM = "/usr/bin/chromium"
@@ -53,3 +57,17 @@ def home_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PLATFORM_PROFILE")}
     env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO))
     return env
+
+
+@contextlib.contextmanager
+def launched_run(home: Path, workspace: Path, log_name: str, job: str,
+                 submitted_by: str) -> Iterator[tuple[str, dg.DagsterInstance, str]]:
+    """A webserver on ``home`` serving ``workspace``, and a run of ``job`` launched through its
+    GraphQL API as a user's launch from the UI would be: yields (the UI's URL, the instance, the
+    run's id). The webserver's log goes to ``ARTIFACTS / log_name``."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with running_webserver(home_env(home), ARTIFACTS / log_name, workspace=workspace) as url, \
+            dg.DagsterInstance.from_config(str(home)) as instance:
+        host, port = url.removeprefix("http://").split(":")
+        client = DagsterGraphQLClient(host, port_number=int(port), timeout=120)
+        yield url, instance, client.submit_job_execution(job, tags={"submitted-by": submitted_by})

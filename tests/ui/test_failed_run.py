@@ -15,11 +15,9 @@ import time
 
 import dagster as dg
 import pytest
-from dagster_graphql import DagsterGraphQLClient
 from playwright.sync_api import expect
 
-from tests.ui.browser import ARTIFACTS, home_env, new_page, write_home
-from tests.ui.webserver import running_webserver
+from tests.ui.browser import ARTIFACTS, launched_run, new_page, write_home
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +47,8 @@ def _rows(page, event_type: str):
 
 def test_a_failed_runs_cause_is_its_first_line_once_in_the_run_page(tmp_path, browser):
     home = write_home(tmp_path, "tests.ui.failing_definitions", "failing")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with running_webserver(home_env(home), ARTIFACTS / "failed_run_webserver.log",
-                           workspace=tmp_path / "workspace.yaml") as url, \
-            dg.DagsterInstance.from_config(str(home)) as instance:
-        host, port = url.removeprefix("http://").split(":")
-        client = DagsterGraphQLClient(host, port_number=int(port), timeout=120)
-        run_id = client.submit_job_execution("digits_training", tags={"submitted-by": "failed-run-test"})
+    with launched_run(home, tmp_path / "workspace.yaml", "failed_run_webserver.log", "digits_training",
+                      "failed-run-test") as (url, instance, run_id):
         description = _failed_run(instance, run_id)
         assert description.startswith("training 'digits' failed, not retried") and CAUSE in description
 

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_graphql import DagsterGraphQLClient
 from playwright.sync_api import Page, expect
 
-from tests.ui.browser import ARTIFACTS, home_env, new_page, write_home
-from tests.ui.webserver import running_webserver
+from tests.ui.browser import ARTIFACTS, launched_run, new_page, write_home
 
 pytestmark = pytest.mark.slow
 
@@ -72,13 +70,8 @@ def _charted_steps(page: Page, url: str) -> list[int]:
 
 
 def test_the_checkpoint_plots_grow_while_the_training_runs(home, tmp_path, browser):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with running_webserver(home_env(home), ARTIFACTS / "live_webserver.log",
-                           workspace=tmp_path / "workspace.yaml") as url, \
-            dg.DagsterInstance.from_config(str(home)) as instance:
-        host, port = url.removeprefix("http://").split(":")
-        client = DagsterGraphQLClient(host, port_number=int(port), timeout=120)
-        run_id = client.submit_job_execution("digits_training", tags={"submitted-by": "live-plots-test"})
+    with launched_run(home, tmp_path / "workspace.yaml", "live_webserver.log", "digits_training",
+                      "live-plots-test") as (url, instance, run_id):
         page = new_page(browser, 1400, 1000)
         try:
             plots = f"{url}/assets/{'/'.join(CHECKPOINT.path)}"
