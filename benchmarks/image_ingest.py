@@ -172,7 +172,23 @@ def _platform_samples(manifest: dict, out: Path) -> tuple[list[str], list[np.nda
     return ids, pixels
 
 
-def measure(how: str, data: Path, workers: int) -> dict:
+def pin_cpus(cpus: int) -> list[int]:
+    """Keep this process (and the pool it starts) to the first ``cpus`` CPUs it may use, as a pod
+    with ``cpus`` CPUs would be kept; the pool's default size follows (image_pool.default_workers)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpus > len(allowed):
+        raise SystemExit(f"--cpus {cpus}: this process may use only {len(allowed)} CPU(s) ({allowed})")
+    os.sched_setaffinity(0, allowed[:cpus])
+    return allowed[:cpus]
+
+
+def measure(how: str, data: Path, workers: int | None) -> dict:
+    """One side of 8c (``workers`` processes), or, with ``workers`` None, the platform's default
+    pool for the CPUs this process may use (10d)."""
+    if workers is None:
+        from assets.kinds.image_pool import default_workers
+
+        workers = default_workers()
     files = image_files(data)
     raw = raw_copy(data) if how != "plain" else None
     # built before the clock, as Dagster builds it when it loads the definitions: building a spec
@@ -331,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("measure", help="8c: one side's images/s")
     m.add_argument("--how", choices=HOWS, required=True)
     m.add_argument("--data", type=Path, required=True)
-    m.add_argument("--workers", type=int, default=os.cpu_count())
+    m.add_argument("--workers", type=int, default=None,
+                   help="processes in the pool (default: the platform's, one per CPU this process may use)")
+    m.add_argument("--cpus", type=int, default=None, help="10d: run on the first N CPUs only (as an N-CPU pod)")
     mem = sub.add_parser("memory", help="8d: ingest every stride-th file in a child; its tree's peak memory")
     mem.add_argument("--data", type=Path, required=True)
     mem.add_argument("--stride", type=int, required=True)
@@ -346,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "write":
         emit(write_folder(a.data, a.images))
     elif a.cmd == "measure":
-        emit(measure(a.how, a.data, a.workers))
+        pinned = pin_cpus(a.cpus) if a.cpus else None
+        emit({**measure(a.how, a.data, a.workers), "cpus": pinned})
     elif a.cmd == "memory":
         emit(measure_memory(a.data, a.stride))
     elif a.cmd == "grow":

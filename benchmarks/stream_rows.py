@@ -9,6 +9,9 @@ runs it (``torchrun -m training_runtime``, the runtime's default data settings w
   training from local files;
 - 10c: bytes each node fetches in an epoch when the gang has 2 nodes (two torchrun agents, one
   rank each, each node its own cache directory);
+- 10d: sharding an image folder's raw copy (the shards asset's ``shard_images``, 8c's platform
+  side) on 2 CPUs against 1, each run in a process kept to those CPUs as a pod with that CPU
+  limit is, the worker pool at its default size (one process per CPU it may use);
 - 10e: the runtime's loader over the same shards streamed from S3 with a warm cache against read
   from local disk (benchmarks/stream_probe.py, each in its own process).
 
@@ -299,7 +302,13 @@ def _mb(n: float) -> str:
 
 
 def render(b: dict, rows: Rows) -> None:
-    """Rows 10a, 10b, 10c and 10e of ``b`` (results.json's ``benchmarks``)."""
+    """Rows 10a-10e of ``b`` (results.json's ``benchmarks``): whichever of its entries it holds."""
+    _render_streaming(b, rows)
+    render_shard_workers(b, rows)
+
+
+def _render_streaming(b: dict, rows: Rows) -> None:
+    """Rows 10a, 10b, 10c and 10e."""
     if not measured(b.get("streaming")):
         return
     s = b["streaming"]
@@ -341,4 +350,36 @@ def render(b: dict, rows: Rows) -> None:
             rows.add(f"10. streaming: {key}", "failed", s[key]["error"][-300:], "", False)
 
 
-RUNNERS = {"streaming": bench_streaming}
+def bench_shard_workers(ctx: Ctx) -> dict:
+    """10d: 8c's folder sharded by the platform with 1 and with 2 CPUs (``reps`` interleaved
+    rounds, each run in its own process). On this 2-core machine the CPUs are the workers; on
+    Kubernetes the shards asset's steps are pods (assets/image_shard_steps.py), each sharding its
+    parts the same way on the CPUs of its own pod."""
+    from benchmarks.image_rows import _image_folder
+
+    data, written = _image_folder(ctx)
+    runs: dict[str, list[dict]] = {"1": [], "2": []}
+    for rep in range(ctx.p["reps"]):
+        for cpus in rotate(["1", "2"], rep):
+            runs[cpus].append(run_json([ctx.py, "-m", "benchmarks.image_ingest", "measure", "--how", "platform",
+                                        "--data", str(data), "--cpus", cpus], timeout=ctx.p["timeout"]))
+    ips = {k: median([r["images_per_s"] for r in v]) for k, v in runs.items()}
+    return {"images": written["images"], "median_images_per_s": ips, "speedup_2_vs_1": ips["2"] / ips["1"],
+            "pool_workers": {k: v[0]["workers"] for k, v in runs.items()},
+            "same_pixels": len({r["digest"] for v in runs.values() for r in v}) == 1, "runs": runs}
+
+
+def render_shard_workers(b: dict, rows: Rows) -> None:
+    """Row 10d of ``b``."""
+    e = b.get("shard_workers")
+    if not measured(e):
+        return
+    ips, w = e["median_images_per_s"], e["pool_workers"]
+    rows.add(f"10d. sharding an image folder ({e['images']} JPEGs → 64×64 RGB shards), 2 workers vs 1 (a process "
+             "kept to 2 CPUs vs 1, as pods of those CPU limits)", f"{fmt(e['speedup_2_vs_1'])}× one worker",
+             f"images/s: 1 CPU {fmt(ips['1'], '{:,.0f}')} (pool of {w['1']}), 2 CPUs {fmt(ips['2'], '{:,.0f}')} "
+             f"(pool of {w['2']}); shard_images over the raw copy with the pool's default size; same pixels: "
+             f"{e['same_pixels']}", "≥ 1.7×", e["speedup_2_vs_1"] >= 1.7)
+
+
+RUNNERS = {"streaming": bench_streaming, "shard_workers": bench_shard_workers}

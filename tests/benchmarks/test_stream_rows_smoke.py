@@ -48,3 +48,17 @@ def test_tiny_streaming_rows(tmp_path: Path) -> None:
     assert all(r["fill_s"] > 0 for r in loader["runs"]["s3"]) and loader["s3_vs_local"] > 0
 
     assert "10a." in (out / "BENCHMARKS.md").read_text()
+
+
+@pytest.mark.timeout(600)
+def test_tiny_shard_workers_row(tmp_path: Path) -> None:
+    """10d at the tiny size: both sides shard the same folder into the same pixels, the 1-CPU side
+    with a pool of one process."""
+    out, data = tmp_path / "out", tmp_path / "data"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.run", "--size", "tiny", "--no-peers", "--only", "shard_workers",
+                        "--out", str(out), "--data-dir", str(data)], cwd=REPO, capture_output=True, text=True,
+                       timeout=580)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    e = json.loads((out / "results.json").read_text())["benchmarks"]["shard_workers"]
+    assert e["same_pixels"] and e["pool_workers"] == {"1": 1, "2": 2} and e["speedup_2_vs_1"] > 0
+    assert [len(r["cpus"]) for r in e["runs"]["1"]] == [1] and "10d." in (out / "BENCHMARKS.md").read_text()

@@ -185,3 +185,15 @@ def test_a_streaming_figure_that_failed_says_why_and_leaves_the_others():
     failed = _row(text, "10. streaming: per_node")
     assert failed[1] == "failed" and "rendezvous timed out" in failed[2] and failed[4] == "**missed**"
     assert _row(text, "10a.")[4] == "met" and not [ln for ln in text.splitlines() if ln.startswith("| 10c.")]
+
+
+def _shard_workers(one: float, two: float) -> dict:
+    return {"images": 4096, "median_images_per_s": {"1": one, "2": two}, "speedup_2_vs_1": two / one,
+            "pool_workers": {"1": 1, "2": 2}, "same_pixels": True}
+
+
+def test_the_sharding_row_judges_two_workers_against_one():
+    row = _row(table(_results(shard_workers=_shard_workers(1000.0, 1800.0))), "10d.")
+    assert row[1] == "1.80× one worker" and row[3] == "≥ 1.7×" and row[4] == "met"
+    assert "1 CPU 1,000 (pool of 1), 2 CPUs 1,800 (pool of 2)" in row[2] and "same pixels: True" in row[2]
+    assert _row(table(_results(shard_workers=_shard_workers(1000.0, 1500.0))), "10d.")[4] == "**missed**"
