@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/dagster_home
 
-.PHONY: install demo test test-all ui bench reliability images test-images clean
+.PHONY: install demo test test-all ui bench reliability images images-lock test-images clean
 
 # uv installs the same pins as pip from the same places, several times faster (make demo's budget
 # includes the install); .ci/uv_args.py hands it pip's configuration (local wheels, mirrors,
@@ -73,6 +73,12 @@ $(BUILDAH):
 images: $(STAMP) $(BUILDAH)
 	mkdir -p test-artifacts
 	$(PY) helm/images/local_build.py --json test-artifacts/images.json
+
+# The training image's lock (helm/images/training.lock.txt, what its Dockerfile installs), made from
+# helm/images/training.requirements.in by uv pip compile: after editing the requirements, run this
+# and commit both (tests/k8s/test_image_lock.py fails while the lock is behind them).
+images-lock: $(STAMP)
+	$(PY) helm/images/lock.py
 
 test-images: images
 	$(PY) -m pytest tests/k8s/test_built_images.py -q -m heavy -p no:xdist

@@ -45,12 +45,20 @@ SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 IMAGES = {
     "training": {"dockerfile": "helm/images/training.Dockerfile", "base_arg": "CUDA_BASE", "base": "debian",
-                 "inputs": ("training_runtime", "teams", "helm/images/runtime-user.sh")},
+                 "inputs": ("helm/images/training.lock.txt", "training_runtime", "teams", "helm/images/runtime-user.sh")},
     "code-location": {"dockerfile": "helm/images/code-location.Dockerfile", "base_arg": "PYTHON_BASE", "base": "python",
                       "inputs": ("pyproject.toml", "constraints.txt", "README.md", "pipelines", "assets", "resources",
                                  "ops", "core", "teams", "training_runtime", "helm/images/runtime-user.sh")},
 }
-TORCH_VERSION = "2.13.0"
+LOCK = REPO / "helm/images/training.lock.txt"
+
+
+def torch_version(lock: Path = LOCK) -> str:
+    """The torch the training image's lock pins (the build the local index serves)."""
+    for line in lock.read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.split("==", 1)[1].split(";")[0].strip()
+    raise BuildError(f"{lock} pins no torch: run `make images-lock`")
 
 
 class BuildError(RuntimeError):
@@ -152,7 +160,7 @@ def torch_index(work: Path) -> Iterator[str]:
     wheels, index = work / "wheels", work / "simple"
     wheels.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(wheels),
-          f"torch=={TORCH_VERSION}"])
+          f"torch=={torch_version()}"])
     write_index(wheels, index)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(work)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -202,27 +210,38 @@ def build(name: str, index_url: str | None, *, force: bool = False) -> dict:
 
 
 SBOM_IN_IMAGE = "opt/model-factory/SBOM.pip-inspect.json"
+LOCK_IN_IMAGE = "opt/model-factory/requirements.lock.txt"  # the training image's only
 
 
-def copy_sbom(ref: str, dest: Path) -> Path:
-    """The image's SBOM (pip's installation report, written by its Dockerfile) copied to ``dest``."""
+def copy_records(ref: str, folder: Path, name: str) -> dict[str, str]:
+    """The image's SBOM (pip's installation report, written by its Dockerfile) and, where it has
+    one, the lock it was installed from, copied out of the image into ``folder``."""
     ctr = _run(["buildah", "from", ref]).stdout.strip()
+    out = {}
     try:
         mnt = Path(_run(["buildah", "mount", ctr]).stdout.strip())
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(mnt / SBOM_IN_IMAGE, dest)
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, inside, dest in (("sbom", SBOM_IN_IMAGE, f"{name}.sbom.json"), ("lock", LOCK_IN_IMAGE, f"{name}.lock.txt")):
+            if (mnt / inside).is_file():
+                shutil.copyfile(mnt / inside, folder / dest)
+                out[key] = str(folder / dest)
     finally:
         subprocess.run(["buildah", "umount", ctr], capture_output=True)
         subprocess.run(["buildah", "rm", ctr], capture_output=True)
-    return dest
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python helm/images/local_build.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("images", nargs="*", default=list(IMAGES), choices=list(IMAGES))
+    # Checked below, not with choices=: Python 3.11's argparse checks an empty or default list
+    # against the choices as one value and refused a bare `make images` ("invalid choice: []").
+    parser.add_argument("images", nargs="*", help=f"of {', '.join(IMAGES)} (default: all)")
     parser.add_argument("--json", type=Path, help="write what was built (image, key, cached, seconds) here")
     parser.add_argument("--force", action="store_true", help="rebuild even when the key is in the store")
     args = parser.parse_args(argv)
+    args.images = args.images or list(IMAGES)
+    if unknown := [n for n in args.images if n not in IMAGES]:
+        parser.error(f"no image {', '.join(unknown)}: choose from {', '.join(IMAGES)}")
     try:
         require_tools()
         results = {"base": ensure_base()}
@@ -231,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mf-index-") as work, torch_index(Path(work)) as index_url:
             for name in args.images:
                 results[name] = build(name, index_url, force=args.force)
-                if args.json:  # the SBOM beside what was built
-                    results[name]["sbom"] = str(copy_sbom(results[name]["image"], args.json.parent / f"{name}.sbom.json"))
+                if args.json:  # the SBOM and the lock beside what was built
+                    results[name].update(copy_records(results[name]["image"], args.json.parent, name))
                 print(f"{name}: {results[name]['image']} ({'cached' if results[name]['cached'] else 'built in %.0f s' % results[name]['seconds']})",
                       flush=True)
     except BuildError as exc:

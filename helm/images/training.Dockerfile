@@ -20,9 +20,7 @@
 ARG CUDA_BASE=nvidia/cuda:12.8.1-base-ubuntu24.04
 FROM ${CUDA_BASE}
 
-ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
-ARG DAGSTER_PIPES_VERSION=1.13.27
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -42,20 +40,23 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3 -m venv /opt/venv
 
-# torch from the CUDA wheel index (it brings the nvidia-* CUDA, cuDNN and NCCL packages); the rest
-# from PyPI. nvidia-ml-py and psutil feed the runtime's telemetry, boto3 reads s3:// shards
-# (the shard cache names botocore's retry settings and urllib3's errors itself, so both are stated),
-# simplejpeg and pillow decode image shards in the loader, torchmetrics computes the tasks'
-# metrics, safetensors writes the weights, onnx and onnxruntime export and check the model,
-# tokenizers reads a language model's tokenizer, tensorboard writes the run's event files.
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
- && pip install "numpy>=2.0" "boto3>=1.34" "botocore>=1.34" "urllib3>=1.26" "nvidia-ml-py>=12" "psutil>=5.9" "simplejpeg>=1.7" "pillow>=10" \
-      "torchmetrics>=1.4" "safetensors>=0.4" "onnx>=1.16" "onnxruntime>=1.18" "tokenizers>=0.15.1" \
-      "tensorboard>=2.16" "dagster-pipes==${DAGSTER_PIPES_VERSION}"
+# Installed from the lock (helm/images/training.lock.txt, every distribution pinned; made from
+# training.requirements.in, which says why each package is here): first everything but torch, from
+# PyPI with no resolution of its own (--no-deps: the lock is the resolution), then the lock's torch
+# pin from the CUDA wheel index, constrained by the rest of the lock, which brings only that build's
+# own exactly pinned CUDA, cuDNN and NCCL packages (nvidia-*, triton). `pip check` fails the build
+# if the two halves disagree. The lock stays in the image beside the SBOM.
+COPY helm/images/training.lock.txt /opt/model-factory/requirements.lock.txt
+RUN grep -v '^torch==' /opt/model-factory/requirements.lock.txt > /tmp/deps.lock \
+ && grep '^torch==' /opt/model-factory/requirements.lock.txt > /tmp/torch.lock \
+ && pip install --no-deps -r /tmp/deps.lock \
+ && pip install --index-url "${TORCH_INDEX_URL}" -c /tmp/deps.lock -r /tmp/torch.lock \
+ && pip check \
+ && rm /tmp/deps.lock /tmp/torch.lock
 
 # What the image holds, for its supply chain: pip's own installation report (name, version,
 # metadata with the license, requirements and origin of every installed distribution), next to
-# BUILD.json; `make images` copies it out beside the image.
+# BUILD.json and the lock; `make images` copies both out beside the image.
 RUN mkdir -p /opt/model-factory && pip inspect > /opt/model-factory/SBOM.pip-inspect.json
 
 WORKDIR /opt/model-factory

@@ -1,4 +1,4 @@
-"""The Dockerfiles cannot be built here (no Docker engine); these checks keep them honest: the
+"""Checks of the Dockerfiles that need no build (make test-images builds and runs them): the
 training image installs every third-party module training_runtime imports and not Dagster,
 takes its CUDA base as a build argument, and both images run as the non-root user the pod
 security contexts expect."""
@@ -29,32 +29,25 @@ def runtime_third_party_imports() -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n not in ("training_runtime", "__future__")}
 
 
-def pip_requirements(dockerfile: str) -> set[str]:
-    """Package names in the Dockerfile's `pip install` lines."""
-    text = dockerfile.replace("\\\n", " ")
-    found: set[str] = set()
-    for line in text.splitlines():
-        for segment in re.findall(r"pip install ([^&]*)", line):
-            for token in segment.split():
-                token = token.strip("\"'")
-                if token.startswith("-") or token.startswith("$") or "://" in token:
-                    continue
-                name = re.split(r"[=<>!~\[]", token)[0].lower()
-                if name:
-                    found.add(name)
-    return found
+def requirement_names(text: str) -> set[str]:
+    """Distribution names of a requirements file's lines."""
+    lines = (l.split("#", 1)[0].strip() for l in text.splitlines())
+    return {re.split(r"[=<>!~\[; ]", l)[0].lower() for l in lines if l}
 
 
 def test_training_image_installs_exactly_the_runtime_dependencies():
+    """The image installs its lock, made from training.requirements.in (tests/k8s/test_image_lock.py
+    holds the lock to that file; the Dockerfile installs the lock alone)."""
     dockerfile = (IMAGES / "training.Dockerfile").read_text()
+    assert "pip install --no-deps -r /tmp/deps.lock" in dockerfile and "COPY helm/images/training.lock.txt" in dockerfile
     wanted = {PYPI_NAME.get(m, m).lower() for m in runtime_third_party_imports()}
-    installed = pip_requirements(dockerfile)
+    installed = requirement_names((IMAGES / "training.requirements.in").read_text())
     assert wanted <= installed, f"missing from the training image: {sorted(wanted - installed)}"
     assert "dagster" not in installed  # dagster-pipes only: the runtime never imports dagster
     # onnx: torch.onnx.export imports it itself, so no runtime module names it; likewise tensorboard,
-    # which torch.utils.tensorboard's SummaryWriter imports
+    # which torch.utils.tensorboard's SummaryWriter imports; pip: the venv's installer, pinned too
     assert installed <= wanted | {"torch", "numpy", "boto3", "psutil", "nvidia-ml-py", "dagster-pipes", "onnx",
-                                  "tensorboard"}
+                                  "tensorboard", "pip"}
 
 
 def test_training_image_takes_its_cuda_base_as_a_build_argument():

@@ -32,15 +32,30 @@ def test_the_cache_key_follows_the_images_inputs_and_build_arguments(tmp_path, m
     assert local_build.build_key("training", {**args, "GIT_SHA": "def"}) != key
     # a file the training image copies changes its key; the code location's inputs are others
     fake = tmp_path / "repo"
-    for inp in ("helm/images/training.Dockerfile", "helm/images/runtime-user.sh", "training_runtime/a.py", "teams/b.py"):
+    for inp in ("helm/images/training.Dockerfile", "helm/images/training.lock.txt", "helm/images/runtime-user.sh",
+                "training_runtime/a.py", "teams/b.py"):
         (fake / inp).parent.mkdir(parents=True, exist_ok=True)
         (fake / inp).write_text("x")
     monkeypatch.setattr(local_build, "REPO", fake)
     before = local_build.build_key("training", args)
     (fake / "training_runtime/a.py").write_text("y")
     assert local_build.build_key("training", args) != before
+    before = local_build.build_key("training", args)
+    (fake / "helm/images/training.lock.txt").write_text("torch==2.13.1\n")  # the lock is an input too
+    assert local_build.build_key("training", args) != before
     (fake / "training_runtime/__pycache__").mkdir()
     (fake / "training_runtime/__pycache__/a.pyc").write_text("z")
     after = local_build.build_key("training", args)
     (fake / "training_runtime/__pycache__/a.pyc").write_text("zz")
     assert local_build.build_key("training", args) == after  # bytecode caches are not inputs
+
+
+def test_the_local_index_serves_the_torch_the_lock_pins(tmp_path):
+    lock = tmp_path / "training.lock.txt"
+    lock.write_text("numpy==2.4.6\n    # via torch\ntorch==2.13.0\n")
+    assert local_build.torch_version(lock) == "2.13.0"
+    lock.write_text("numpy==2.4.6\n")
+    import pytest
+
+    with pytest.raises(local_build.BuildError, match="make images-lock"):
+        local_build.torch_version(lock)

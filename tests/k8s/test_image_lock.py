@@ -1,0 +1,76 @@
+"""The training image's lock (helm/images/training.lock.txt, made by helm/images/lock.py from
+training.requirements.in): the comparison of a built image's SBOM with its lock, on made-up
+reports (make test-images runs it on the built image's), and the committed lock against the
+requirements it was made from."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("image_lock", REPO / "helm/images/lock.py")
+lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lock)
+
+LOCK = """\
+# a comment
+numpy==2.4.6 ; python_full_version < '3.12'
+numpy==2.5.5 ; python_full_version >= '3.12'
+    # via -r requirements.in
+torch==2.13.0
+pip==26.3
+"""
+
+
+def _sbom(*dists: tuple[str, str, list[str]]) -> dict:
+    return {"version": "1", "installed": [{"metadata": {"name": n, "version": v, "requires_dist": r}}
+                                          for n, v, r in dists]}
+
+
+def test_an_image_holding_only_what_its_lock_pins_passes():
+    # torch's build label (+cpu, +cu128) is the index's choice; the pin is without it
+    sbom = _sbom(("numpy", "2.4.6", []), ("torch", "2.13.0+cpu", ["numpy"]), ("pip", "26.3", []))
+    assert lock.unlocked(sbom, LOCK) == []
+
+
+def test_a_package_outside_the_lock_or_at_another_version_is_named():
+    sbom = _sbom(("numpy", "2.4.7", []), ("torch", "2.13.0", []), ("pip", "26.3", []), ("Requests", "2.33.0", []))
+    assert lock.unlocked(sbom, LOCK) == ["numpy 2.4.7 (the lock pins ==2.4.6 or ==2.5.5)",
+                                         "Requests 2.33.0 (not in the lock)"]
+
+
+def test_a_cuda_builds_own_libraries_pass_only_at_the_version_the_locked_torch_pins():
+    requires = ["nvidia-nccl-cu12==2.27.3; platform_system == 'Linux'", "triton==3.4.0", "sympy>=1.13.3",
+                "opt-einsum>=3.3; extra == 'opt-einsum'"]
+    ok = _sbom(("torch", "2.13.0+cu128", requires), ("nvidia-nccl-cu12", "2.27.3", []), ("triton", "3.4.0", []),
+               ("pip", "26.3", []))
+    assert lock.unlocked(ok, LOCK) == []
+    other = _sbom(("torch", "2.13.0+cu128", requires), ("nvidia-nccl-cu12", "2.28.0", []), ("sympy", "1.14.0", []))
+    assert lock.unlocked(other, LOCK) == ["nvidia-nccl-cu12 2.28.0 (not in the lock)", "sympy 1.14.0 (not in the lock)"]
+    # an unlocked torch vouches for nothing
+    stray = _sbom(("torch", "2.12.0+cu128", requires), ("triton", "3.4.0", []))
+    assert lock.unlocked(stray, LOCK) == ["torch 2.12.0+cu128 (the lock pins ==2.13.0)", "triton 3.4.0 (not in the lock)"]
+
+
+def test_the_committed_lock_satisfies_every_requirement_it_was_made_from():
+    requirements = (REPO / "helm/images/training.requirements.in").read_text()
+    committed = (REPO / "helm/images/training.lock.txt").read_text()
+    assert lock.unsatisfied(requirements, committed) == [], "run `make images-lock` and commit the lock"
+    assert lock.unsatisfied("onnx>=99\n", committed) == ["onnx>=99 (lock: ==1.23.2)"]
+    pins = lock.parse_lock(committed)
+    assert all(len(reqs) == 1 and str(reqs[0].specifier).startswith("==") for reqs in pins.values())
+    assert "torch==2.13.0\n" in committed  # without a build label: the index decides CPU or CUDA
+    assert not [n for n in pins if n.startswith(("nvidia-c", "nvidia-n", "triton", "cuda-"))]
+
+
+def test_uvs_output_becomes_the_lock_only_with_torchs_cpu_build():
+    compiled = "numpy==2.4.6\n    # via torch\ntorch==2.13.0+cpu\n    # via -r x.in\n"
+    text = lock.finish_lock(compiled)
+    assert text.startswith(lock.HEADER) and "torch==2.13.0\n" in text and "+cpu" not in text
+    import pytest
+
+    with pytest.raises(lock.LockError, match="CPU index"):
+        lock.finish_lock("torch==2.13.0\n")
+    with pytest.raises(lock.LockError, match="nvidia-nccl-cu13"):
+        lock.finish_lock("torch==2.13.0+cpu\nnvidia-nccl-cu13==2.29.7\nnvidia-ml-py==13.615.71\n")
