@@ -29,9 +29,11 @@ import dagster as dg
 import psutil
 
 from resources.run_launcher import HealthCheckedRunLauncher
+from tests.k8s.local_cluster import process_tree
 from tests.reliability.soak.load import Clock, submit
 from tests.reliability.soak.pipelines import COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_S, JOBS
 from tests.reliability.soak.watch import NewEntries
+from training_runtime.distributed.elastic import ELASTIC_ENV, parse_elastic
 
 TARGET_WAIT_S = 90.0  # how long a targeted fault waits for something to hit
 NAN_LR = 1e37  # overflows float32 at the second step (tests/ops/test_training_failures.py)
@@ -50,10 +52,18 @@ LOCAL_CLASSES = {
     "rank_hang": "guard: a rank that hangs (SIGSTOP; the hang watchdog)",
     "nonfinite_loss": "guard: a non-finite loss (learning rate 1e37)",
 }
+# An elastic gang's classes (digits on the Kubernetes path is a gang of 1-2 pods): the names are
+# those tests/reliability/test_elastic_faults.py gives them in RELIABILITY.md's table.
+ELASTIC_CLASSES = {
+    "elastic_node_lost": "elastic: a node lost while above min_nodes",
+    "elastic_node_rejoin": "elastic: a lost node rejoining",
+    "elastic_node_lost_in_checkpoint_write": "elastic: a node lost during a checkpoint write",
+}
 KUBERNETES_CLASSES = {
     **LOCAL_CLASSES,
     "pod_deleted": "kubernetes: a training pod deleted (its processes SIGTERMed, as the kubelet does)",
     "node_lost": "kubernetes: a node lost (every pod on it SIGKILLed)",
+    **ELASTIC_CLASSES,
 }
 
 
@@ -85,10 +95,14 @@ class Rank:
     checkpoint_dir: Path
     pod: str | None = None
     node: str | None = None
+    elastic: tuple[int, int] | None = None  # an elastic gang's (min, max) nodes
+    output_dir: Path | None = None  # where the training writes metrics.json
 
     def describe(self) -> dict:
         return {"model": self.model, "root_run_id": self.root_run_id, "pid": self.pid, "rank": self.rank,
-                **({"pod": self.pod, "node": self.node} if self.pod else {})}
+                **({"pod": self.pod, "node": self.node} if self.pod else {}),
+                **({"elastic": f"{self.elastic[0]}:{self.elastic[1]}", "world_size": self.world_size}
+                   if self.elastic else {})}
 
 
 def training_ranks(data_root: Path) -> list[Rank]:
@@ -110,7 +124,9 @@ def training_ranks(data_root: Path) -> list[Rank]:
             continue  # another platform's training, or one that just ended
         ranks.append(Rank(pid=proc.info["pid"], rank=int(env.get("RANK", "0")),
                           world_size=int(env.get("WORLD_SIZE", "1")), model=model, root_run_id=root_run_id,
-                          checkpoint_dir=ckpt, pod=env.get("POD_NAME"), node=env.get("NODE_NAME")))
+                          checkpoint_dir=ckpt, pod=env.get("POD_NAME"), node=env.get("NODE_NAME"),
+                          elastic=parse_elastic(env.get(ELASTIC_ENV)),
+                          output_dir=Path(config["output_dir"]) if config.get("output_dir") else None))
     return ranks
 
 
@@ -466,12 +482,204 @@ def _pod_run(ctx, pod: str) -> dict:
     return {"model": ranks[0].model, "root_run_id": ranks[0].root_run_id} if ranks else {}
 
 
+# --- an elastic gang's node ------------------------------------------------------------------------
+ELASTIC_WAIT_S = 420.0  # how long the injector waits for the hit training's run to end
+# A gang that lost a node grows back once the replacement pod (cluster.ELASTIC_REPLACEMENT_S after
+# the loss) has started and joined: torchrun's start, the survivors' restart with a checkpoint and
+# the rendezvous' last call. A training that went on this long after the loss must have grown back.
+REJOIN_WITHIN_S = 90.0
+
+
+def pod_agent(rank: Rank) -> int | None:
+    """The pid of the torchrun agent that started ``rank``: a pod's main process (the workers run
+    in sessions of their own, so the pod is the agent's whole process tree, as its cgroup is)."""
+    try:
+        proc = psutil.Process(rank.pid).parent()
+        while proc is not None:
+            if any("torch.distributed.run" in a or a.endswith("torchrun") for a in proc.cmdline()):
+                return proc.pid
+            proc = proc.parent()
+    except psutil.Error:
+        return None
+    return None
+
+
+def elastic_ranks(ctx, want: Callable[[Rank], bool] = lambda r: True) -> list[Rank]:
+    """Ranks of elastic gangs that run above min_nodes (one rank a pod in the soak) and have
+    published a checkpoint (they are training, not starting), for which ``want`` holds."""
+    found = []
+    for r in training_ranks(ctx.data_root):
+        if r.elastic is None or r.world_size <= r.elastic[0] or not want(r):
+            continue
+        if r.checkpoint_dir.is_dir() and any(r.checkpoint_dir.glob("step_*")):
+            found.append(r)
+    return found
+
+
+def _hit_run(ctx, rank: Rank) -> str | None:
+    """The run (of ``rank``'s root run) that is training now."""
+    runs = ctx.instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+    hits = [r.run_id for r in runs if r.tags.get("dagster/root_run_id", r.run_id) == rank.root_run_id]
+    return hits[-1] if hits else None
+
+
+def lose_pod(rank: Rank, sig: int, fault: Fault) -> bool:
+    """Every process of ``rank``'s pod signalled: SIGKILL is its node vanishing, SIGTERM its
+    deletion with notice (the kubelet's; a rank told to stop checkpoints first)."""
+    agent = pod_agent(rank)
+    if agent is None:
+        fault.detail = f"rank {rank.rank} (pid {rank.pid}) had no torchrun agent left: its pod was ending"
+        return False
+    tree = process_tree(agent)
+    if not _send(agent, sig, fault):
+        return False
+    for pid in tree[1:]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            continue
+    return True
+
+
+def _inject_elastic_loss(ctx, fault: Fault, rank: Rank, sig: int, how: str) -> None:
+    run_id = _hit_run(ctx, rank)
+    if not lose_pod(rank, sig, fault):
+        return
+    fault.injected, fault.unix = True, time.time()
+    fault.target = {**rank.describe(), "run_id": run_id}
+    fault.detail = f"pod {rank.pod} ({how}) of a gang of {rank.world_size} pods, min_nodes {rank.elastic[0]}"
+    judge_elastic(ctx, fault, rank, run_id)
+
+
+def elastic_node_lost(ctx, rng, fault: Fault) -> None:
+    """A node of an elastic gang above min_nodes lost without notice (its pod's processes
+    SIGKILLed): the others go on smaller from the last checkpoint, in the same run, and the Job's
+    replacement pod joins them when it comes."""
+    ranks = ctx.wait_for(lambda: elastic_ranks(ctx))
+    if not ranks:
+        fault.detail = "no elastic gang above min_nodes was training"
+        return
+    rank = rng.choice(sorted(ranks, key=lambda r: r.pid))
+    _inject_elastic_loss(ctx, fault, rank, signal.SIGKILL, "its node lost: SIGKILL")
+
+
+def elastic_node_rejoin(ctx, rng, fault: Fault) -> None:
+    """A pod of an elastic gang deleted with notice (preempted: SIGTERM to its processes, every
+    rank checkpoints), early in its training, so that the Job's replacement rejoins the running
+    gang: judged on the gang growing back to its size before the loss."""
+    ranks = ctx.wait_for(lambda: elastic_ranks(ctx))
+    if not ranks:
+        fault.detail = "no elastic gang above min_nodes was training"
+        return
+    rank = rng.choice(sorted(ranks, key=lambda r: r.pid))
+    _inject_elastic_loss(ctx, fault, rank, signal.SIGTERM, "deleted with notice: SIGTERM")
+
+
+def elastic_node_lost_in_checkpoint_write(ctx, rng, fault: Fault) -> None:
+    """The node of the rank writing an elastic gang's checkpoint lost (its pod's processes
+    SIGKILLed) the moment a ``.tmp-`` folder appears: the half-written checkpoint is never
+    listed, and the others resume from the last published one."""
+    root = ctx.data_root / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + TARGET_WAIT_S
+    writers: dict[Path, list[Rank]] = {}
+    refreshed = 0.0
+    with NewEntries(root) as watch:
+        while time.monotonic() < deadline and not ctx.stop.is_set():
+            if time.monotonic() - refreshed > 1.0:
+                writers = {}
+                for r in elastic_ranks(ctx):
+                    writers.setdefault(r.checkpoint_dir, []).append(r)
+                refreshed = time.monotonic()
+            seen = watch.next(timeout_s=0.5)
+            if seen is None or not seen[1].startswith(".tmp-"):
+                continue
+            folder, name = seen
+            candidates = [r for r in writers.get(folder, []) if r.rank == 0 or name.endswith("-sharded")]
+            if not candidates:
+                continue
+            victim = rng.choice(sorted(candidates, key=lambda r: r.rank))
+            still_writing = (folder / name).exists()
+            _inject_elastic_loss(ctx, fault, victim, signal.SIGKILL,
+                                 f"its node lost as {name} began to be written"
+                                 + ("" if still_writing else ", the write may just have finished"))
+            return
+    fault.detail = f"no elastic gang above min_nodes began a checkpoint write within {TARGET_WAIT_S:.0f} s"
+
+
+def judge_elastic(ctx, fault: Fault, rank: Rank, run_id: str | None) -> None:
+    """Wait for the hit run to end, then judge the gang by its metrics.json (elastic_verdict)."""
+    deadline = time.monotonic() + ELASTIC_WAIT_S
+    run = None
+    while time.monotonic() < deadline:
+        run = ctx.instance.get_run_by_id(run_id) if run_id else None
+        if run is None or run.is_finished:
+            break
+        time.sleep(2.0)
+    status = None if run is None else run.status.value
+    metrics_path = rank.output_dir / "metrics.json" if rank.output_dir else None
+    metrics = resolved = None
+    ended_at = None
+    if metrics_path is not None and metrics_path.is_file() and metrics_path.stat().st_mtime >= fault.unix:
+        metrics = json.loads(metrics_path.read_text())
+        resolved = json.loads((metrics_path.parent / "resolved_config.json").read_text())
+        ended_at = metrics_path.stat().st_mtime
+    problem, rejoined, note = elastic_verdict(fault.cls, status, metrics, resolved, lost_at=fault.unix,
+                                              ended_at=ended_at, size=rank.world_size)
+    fault.detail += f"; {note}" if note else ""
+    # For the report: the hit training's world size at each attempt, and whether it grew back.
+    fault.target.update(run_status=status, grew_back=rejoined,
+                        world_sizes=[a.get("world_size") for a in metrics["attempts"]] if metrics else None)
+    if problem:
+        fault.violation = problem
+    elif fault.cls == "elastic_node_rejoin" and not rejoined:
+        # The loss happened, the rejoin this class is about could not: drawn again.
+        fault.injected = False
+
+
+def elastic_verdict(cls: str, status: str | None, metrics: dict | None, resolved: dict | None, *,
+                    lost_at: float, ended_at: float | None, size: int) -> tuple[str | None, bool, str]:
+    """(what the platform failed to do, or None; whether the gang grew back; what happened) for a
+    gang of ``size`` that lost a node at ``lost_at`` (unix): the same run ends in success with
+    every optimizer step trained (a run that failed lost the training: the loss was above
+    min_nodes), having gone on smaller after the loss; and, when it trained on REJOIN_WITHIN_S
+    after the loss, having grown back to ``size``."""
+    if status is None:
+        return None, False, "the run had ended before the loss could be judged"
+    if status != "SUCCESS":
+        return (f"the gang did not go on after losing a node above min_nodes: its run ended {status}", False,
+                f"run {status}")
+    if metrics is None:
+        return "the run succeeded but its training wrote no metrics.json after the loss", False, "no metrics"
+    attempts = [a.get("world_size") for a in metrics.get("attempts", [])]
+    if metrics.get("steps") != resolved.get("total_steps"):
+        return (f"the training ended at step {metrics.get('steps')} of {resolved.get('total_steps')}", False,
+                f"attempts at world sizes {attempts}")
+    after = [r for r in metrics.get("resizes", []) if (r.get("at") or 0) >= lost_at - 1.0]
+    shrank = [r for r in after if r["to_world_size"] < r["from_world_size"]]
+    if not shrank:
+        return (f"no resize below {size} ranks was recorded after the loss (attempts at world sizes {attempts})",
+                False, "")
+    grew = [r for r in after if r["at"] >= shrank[0]["at"] and r["to_world_size"] == size]
+    went_on = ended_at - lost_at if ended_at else 0.0
+    note = (f"the gang went on at {shrank[0]['to_world_size']} from step {shrank[0]['resumed_from_step']}"
+            + (f", grew back to {size} from step {grew[0]['resumed_from_step']}" if grew else
+               f", and ended {went_on:.0f} s after the loss, before its replacement joined")
+            + f"; attempts at world sizes {attempts}")
+    if not grew and went_on > REJOIN_WITHIN_S:
+        return (f"the gang trained on {went_on:.0f} s after losing a node without growing back to {size} ranks "
+                f"(attempts at world sizes {attempts})", False, note)
+    return None, bool(grew), note
+
+
 INJECT: dict[str, Callable] = {
     "worker_kill": worker_kill, "worker_kill_in_checkpoint_write": worker_kill_in_checkpoint_write,
     "run_worker_kill": run_worker_kill, "store_errors": store_errors, "store_down": store_down,
     "store_restart": store_restart, "s3_stopped": s3_stopped, "disk_full_checkpoint": disk_full_checkpoint,
     "disk_full_shards": disk_full_shards, "rank_hang": rank_hang, "nonfinite_loss": nonfinite_loss,
-    "pod_deleted": pod_deleted, "node_lost": node_lost,
+    "pod_deleted": pod_deleted, "node_lost": node_lost, "elastic_node_lost": elastic_node_lost,
+    "elastic_node_rejoin": elastic_node_rejoin,
+    "elastic_node_lost_in_checkpoint_write": elastic_node_lost_in_checkpoint_write,
 }
 
 

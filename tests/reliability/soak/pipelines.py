@@ -1,5 +1,6 @@
 """The soak's pipelines, tiny so that many runs fit in its time: digits (the platform location's
-own dataset, retrained on every new-data commit, two ranks, async full checkpoints) and wine
+own dataset, retrained on every new-data commit, two ranks, async full checkpoints; on the
+Kubernetes path an elastic gang of 1-2 pods, trained longer: profile.recipe_shape) and wine
 (a sweep of two one-rank trials run in parallel). Two ranks are two processes locally and two
 pods on the Kubernetes path (profile.recipe_shape). The team location's pipeline trains on digits as
 published (team_package/definitions.py).
@@ -25,7 +26,7 @@ DIGITS = model_pipeline(
     "digits", description="Soak: an MLP on 8x8 digits, retrained on every new-data commit.",
     source=DIGITS_SOURCE, features=PIXELS, label="label", id_column="image_id", classes=range(10),
     expectations=digits_expectations.suite, model="mlp", model_kwargs={"hidden_sizes": [256, 128]},
-    recipe={"epochs": 2, "batch_size": 64, "lr": 0.01, **recipe_shape(), "checkpoint_every_steps": 3,
+    recipe={"epochs": 2, "batch_size": 64, "lr": 0.01, **recipe_shape(elastic=True), "checkpoint_every_steps": 3,
             "keep_last_checkpoints": 2, "async_checkpoint": True, "collective_timeout_s": COLLECTIVE_TIMEOUT_S},
     guards={"hang_timeout_s": HANG_TIMEOUT_S},
     gate={"min_test_accuracy": 0.5}, split={"seed": 0, "samples_per_shard": 256},

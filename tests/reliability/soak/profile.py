@@ -64,8 +64,22 @@ def soak_profile(environ: Mapping[str, str] | None = None) -> SoakProfile:
                        settings={k: environ[k] for k in ENV})
 
 
-def recipe_shape(environ: Mapping[str, str] | None = None) -> dict[str, int]:
+# An elastic gang's trainings on the Kubernetes path last this many epochs instead of the
+# pipeline's own: a gang that loses a node re-forms after the rendezvous lease (about 15 s) and
+# grows back when the replacement pod, started ELASTIC_REPLACEMENT_S later (cluster.py), joins,
+# so a training must outlive the loss by about a minute for the soak to see both resizes.
+ELASTIC_EPOCHS = 40
+
+
+def recipe_shape(environ: Mapping[str, str] | None = None, *, elastic: bool = False) -> dict[str, int]:
     """Two ranks: two processes on one machine locally, two pods of one process on Kubernetes
-    (so that a lost node takes a rank with it)."""
+    (so that a lost node takes a rank with it). ``elastic``: on Kubernetes, a gang of 1-2 pods
+    (``min_nodes`` 1) that goes on when a pod is lost and grows back when its replacement joins;
+    each lost pod uses one of ``max_restarts``, so it has room for several faults in one run.
+    Locally the gang stays one node of two processes (the local soak's classes are a rank's)."""
     environ = os.environ if environ is None else environ
-    return {"world_size": 1, "nnodes": 2} if environ.get("SOAK_LAUNCHER") == KUBERNETES else {"world_size": 2}
+    if environ.get("SOAK_LAUNCHER") != KUBERNETES:
+        return {"world_size": 2}
+    if elastic:
+        return {"world_size": 1, "nnodes": 2, "min_nodes": 1, "max_restarts": 6, "epochs": ELASTIC_EPOCHS}
+    return {"world_size": 1, "nnodes": 2}

@@ -54,8 +54,10 @@ def _part(title: str, r: dict) -> list[str]:
         f"- **Invariant checks:** {r['invariant_rounds']} rounds; **violations: {len(r['violations'])}**.",
         f"- **Pipes messages:** {p['written']} written by rank 0 in {p['runs']} runs; {p['checked']} matched one by "
         f"one in the event logs, {p['covered']} (validation, final) followed by one that arrived, "
-        f"{p['unverifiable']} unverifiable (last before a kill), {p['written'] - p['required']} "
+        f"{p['unverifiable']} unverifiable (last before a kill), {p.get('thinned', 0)} telemetry thinned on purpose "
+        f"(a long training's), {p['written'] - p['required'] - p.get('thinned', 0)} "
         f"written after their run worker was killed; **{p['missing']} missing**.",
+        *_elastic(r.get("faults", [])),
         "",
         "|fault | class in the table above | injected | found nothing to hit |",
         "|--- | --- | ---: | ---: |",
@@ -79,6 +81,19 @@ def _part(title: str, r: dict) -> list[str]:
                      f"{s['long_lived_rss_mb']:.0f} | {s['disk_mb_total']:.0f} |")
     lines.append("")
     return lines
+
+
+def _elastic(faults: list[dict]) -> list[str]:
+    """A line on the elastic gangs' node losses (faults.py ELASTIC_CLASSES), when any was judged."""
+    judged = [f for f in faults if f["cls"].startswith("elastic_") and "run_status" in f.get("target", {})]
+    if not judged:
+        return []
+    went_on = [f for f in judged if f["target"]["run_status"] == "SUCCESS" and f["target"]["world_sizes"]]
+    grew = sum(bool(f["target"]["grew_back"]) for f in judged)
+    sizes = "; ".join(f"{f['cls']} {f['target']['world_sizes']}" for f in went_on)
+    return [f"- **Elastic gangs** (digits on 1-2 pods): {len(judged)} node losses judged; the gang went on and its "
+            f"run succeeded after {len(went_on)}, grew back to its size after {grew}"
+            + (f"; world sizes of the hit trainings' attempts: {sizes}" if sizes else "") + "."]
 
 
 def _counts(counts: dict) -> str:

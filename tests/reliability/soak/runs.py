@@ -17,6 +17,12 @@ process arrived, since the reader reads the file in order and logs every line it
 unverifiable when none did (a process killed right after one). A
 message written after its run's worker was killed cannot arrive (its reader died with it): a
 ledger line from within ``RECEIVER_MARGIN_S`` before such a kill, or after it, is not required.
+A long training's telemetry is thinned on purpose (resources/launch/observation_thinning.py: all
+of the first 50 messages, then every 2nd, 4th, ...; the last one skipped is observed at the end):
+the count replays that thinning over the run's telemetry lines in the order they were written,
+and a line it skips is "thinned", not required. That is the reader's order when a run has one
+reader session, as every soak training does, or its sessions' telemetry stays within the first
+50 (the wine sweep's trials: a few messages each).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
+
+from resources.launch.observation_thinning import ObservationThinning
 
 FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 # (cause, pattern): the platform's own words for a failure, by the code that says them.
@@ -187,6 +195,7 @@ class MessageCount:
     checked: int = 0  # required ones with a per-message trace, matched one by one
     covered: int = 0  # validation/final ones followed by a message that arrived
     unverifiable: int = 0  # validation/final ones after the process's last traced message
+    thinned: int = 0  # telemetry the reader skipped on purpose (observation thinning)
     missing: list[dict] = field(default_factory=list)
     skipped_lines: list[str] = field(default_factory=list)
 
@@ -203,9 +212,12 @@ def count_messages(instance: dg.DagsterInstance, ledger_dir: Path, run_id: str,
 def match_messages(run_id: str, got: Arrived, ledgers: dict[str, list[dict]],
                    receiver_killed_at: float | None = None) -> MessageCount:
     result = MessageCount(run_id, skipped_lines=got.skipped_lines)
-    for lines in ledgers.values():
+    thinned = thinned_telemetry(ledgers)
+    result.thinned = len(thinned)
+    for name, lines in ledgers.items():
         result.written += len(lines)
-        required = [e for e in lines if receiver_killed_at is None or e["unix"] < receiver_killed_at - RECEIVER_MARGIN_S]
+        required = [e for e in lines if (receiver_killed_at is None or e["unix"] < receiver_killed_at - RECEIVER_MARGIN_S)
+                    and (name, e["seq"]) not in thinned]
         result.required += len(required)
         last_traced = 0
         for entry in required:
@@ -221,6 +233,18 @@ def match_messages(run_id: str, got: Arrived, ledgers: dict[str, list[dict]],
         result.covered += sum(e["seq"] < last_traced for e in untraced)
         result.unverifiable += sum(e["seq"] > last_traced for e in untraced)
     return result
+
+
+def thinned_telemetry(ledgers: dict[str, list[dict]]) -> set[tuple[str, int]]:
+    """(ledger, seq) of the telemetry lines the reader's thinning skips: ObservationThinning replayed
+    over the run's telemetry in the order it was written; the last one is observed at the end."""
+    telemetry = sorted(((e["unix"], name, e["seq"]) for name, lines in ledgers.items() for e in lines
+                        if _take_kind(e) == "telemetry"))
+    thinning = ObservationThinning()
+    skipped = {(name, seq) for _, name, seq in telemetry if not thinning.keep()}
+    if telemetry:
+        skipped.discard(telemetry[-1][1:])
+    return skipped
 
 
 def _take_kind(entry: dict) -> str | None:

@@ -3,7 +3,10 @@
 - ``SOAK_MINUTES`` (30): how long load and faults run on the local platform, before the drain;
 - ``SOAK_K8S_MINUTES`` (a third of it): the same on the Kubernetes path (the pod simulation);
 - ``SOAK_SEED`` (drawn at random, and recorded): replays the faults' classes, gaps and settings;
-- ``SOAK_REPORT``: where the soak's JSON goes (test-artifacts/soak.json in ``make reliability``).
+- ``SOAK_REPORT``: where the soak's JSON goes (test-artifacts/soak.json in ``make reliability``);
+- ``SOAK_CLASSES`` (every class): a comma-separated list of fault classes to draw from alone, e.g.
+  ``elastic_node_lost,elastic_node_rejoin`` to soak the elastic gang's classes in a short run
+  (each launcher draws those of the list it has; faults.py names them).
 """
 
 from __future__ import annotations
@@ -26,6 +29,18 @@ class SoakSettings:
     check_every_s: float = 60.0  # invariant rounds
     sample_every_s: float = 30.0  # footprint samples
     drain_timeout_s: float = 900.0  # for the runs in flight when load and faults stop
+    classes: tuple[str, ...] | None = None  # SOAK_CLASSES; None: every class of the launcher
+
+    def classes_for(self, known: Mapping[str, str]) -> dict[str, str]:
+        """The classes (name -> label) a launcher whose classes are ``known`` draws from."""
+        if self.classes is None:
+            return dict(known)
+        chosen = {c: label for c, label in known.items() if c in self.classes}
+        if not chosen:
+            raise ValueError(f"SOAK_CLASSES ({', '.join(self.classes)}) names none of this launcher's classes "
+                             f"({', '.join(sorted(known))}); name some of them, or run only the other launcher's "
+                             "soak (pytest -k kubernetes or -k local)")
+        return chosen
 
     def gap_for(self, minutes: float) -> tuple[float, float]:
         """The gap between faults in a soak of ``minutes``: ``fault_gap_s`` at 30 minutes and
@@ -47,5 +62,13 @@ class SoakSettings:
                              f"integer: {exc}") from exc
         if minutes <= 0 or k8s <= 0:
             raise ValueError(f"SOAK_MINUTES ({minutes}) and SOAK_K8S_MINUTES ({k8s}) must be positive")
-        return cls(minutes=minutes, k8s_minutes=k8s, seed=seed,
+        classes = tuple(c.strip() for c in env.get("SOAK_CLASSES", "").split(",") if c.strip()) or None
+        if classes is not None:
+            from tests.reliability.soak.faults import KUBERNETES_CLASSES  # every class is a Kubernetes one
+
+            unknown = [c for c in classes if c not in KUBERNETES_CLASSES]
+            if unknown:
+                raise ValueError(f"SOAK_CLASSES names unknown fault classes {', '.join(unknown)}; the classes are "
+                                 f"{', '.join(sorted(KUBERNETES_CLASSES))}")
+        return cls(minutes=minutes, k8s_minutes=k8s, seed=seed, classes=classes,
                    report=Path(env["SOAK_REPORT"]) if env.get("SOAK_REPORT") else None)

@@ -71,7 +71,7 @@ def _restore_services(platform: SoakPlatform) -> None:
 
 def run_soak(settings: SoakSettings, root: Path, launcher: str = LOCAL) -> dict:
     minutes = settings.minutes if launcher == LOCAL else settings.k8s_minutes
-    classes = LOCAL_CLASSES if launcher == LOCAL else KUBERNETES_CLASSES
+    classes = settings.classes_for(LOCAL_CLASSES if launcher == LOCAL else KUBERNETES_CLASSES)
     clock = Clock()
     load_stop, watch_stop = threading.Event(), threading.Event()
     with SoakPlatform(root, launcher) as platform, dg.DagsterInstance.from_config(str(platform.home)) as instance:
@@ -163,7 +163,8 @@ def _record(settings, launcher, minutes, started_at, clock, load_ended, drain_s,
     return {
         "launcher": launcher,
         "seed": settings.seed,
-        "replay": f"SOAK_SEED={settings.seed} SOAK_MINUTES={settings.minutes:g} SOAK_K8S_MINUTES={settings.k8s_minutes:g}",
+        "replay": f"SOAK_SEED={settings.seed} SOAK_MINUTES={settings.minutes:g} SOAK_K8S_MINUTES={settings.k8s_minutes:g}"
+                  + (f" SOAK_CLASSES={','.join(settings.classes)}" if settings.classes else ""),
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started_at)),
         "machine": f"{host.machine()}, {os.cpu_count()} CPUs, Python {host.python_version()}",
         "minutes_of_load": minutes,
@@ -191,6 +192,7 @@ def _record(settings, launcher, minutes, started_at, clock, load_ended, drain_s,
         "pipes": {"runs": len(counts), "written": sum(c.written for c in counts),
                   "required": sum(c.required for c in counts), "checked": sum(c.checked for c in counts),
                   "covered": sum(c.covered for c in counts), "unverifiable": sum(c.unverifiable for c in counts),
+                  "thinned": sum(c.thinned for c in counts),
                   "missing": sum(len(c.missing) for c in counts),
                   "skipped_lines": [line for c in counts for line in c.skipped_lines][:10]},
         "leftover_temporaries": len(leftover_temporaries(platform.data_root)),

@@ -266,3 +266,121 @@ def test_a_target_that_ended_as_it_was_picked_is_not_injected_and_says_why():
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     assert _send(live.pid, signal.SIGKILL, Fault("worker_kill", at=2.0))
     assert live.wait(timeout=30) == -signal.SIGKILL
+
+
+def _attempts(*sizes_at: tuple[int, float, int | None]) -> dict:
+    """metrics.json's attempts and resizes for attempts of (world size, start, resumed from step)."""
+    from training_runtime.distributed.elastic import resizes
+
+    attempts = [{"world_size": w, "started_at": at, "resumed_from_step": step, "name": f"a{i}"}
+                for i, (w, at, step) in enumerate(sizes_at)]
+    return {"steps": 40, "attempts": attempts, "resizes": resizes(attempts)}
+
+
+def test_an_elastic_gang_is_judged_on_going_on_smaller_in_the_same_run_and_growing_back():
+    from tests.reliability.soak.faults import REJOIN_WITHIN_S, elastic_verdict
+
+    done = {"total_steps": 40}
+    lost = 1000.0
+    grew = _attempts((2, 900.0, None), (1, 1020.0, 9), (2, 1050.0, 15))
+    problem, rejoined, note = elastic_verdict("elastic_node_rejoin", "SUCCESS", grew, done, lost_at=lost,
+                                              ended_at=1100.0, size=2)
+    assert problem is None and rejoined
+    assert note == "the gang went on at 1 from step 9, grew back to 2 from step 15; attempts at world sizes [2, 1, 2]"
+    # It ended soon after the loss: going on smaller is enough, the rejoin could not happen yet.
+    short = _attempts((2, 900.0, None), (1, 1020.0, 9))
+    problem, rejoined, note = elastic_verdict("elastic_node_lost", "SUCCESS", short, done, lost_at=lost,
+                                              ended_at=lost + 30, size=2)
+    assert problem is None and not rejoined and "ended 30 s after the loss, before its replacement joined" in note
+    # Trained on long after the loss without growing back: the replacement never joined.
+    problem, _, _ = elastic_verdict("elastic_node_lost", "SUCCESS", short, done, lost_at=lost,
+                                    ended_at=lost + REJOIN_WITHIN_S + 1, size=2)
+    assert problem.startswith("the gang trained on 91 s after losing a node without growing back to 2 ranks")
+    # No resize after the loss: the gang restarted at its old size (or the loss went unseen).
+    same = _attempts((2, 900.0, None), (2, 1020.0, 9))
+    problem, _, _ = elastic_verdict("elastic_node_lost", "SUCCESS", same, done, lost_at=lost, ended_at=1100.0,
+                                    size=2)
+    assert problem == "no resize below 2 ranks was recorded after the loss (attempts at world sizes [2, 2])"
+    # A resize before the loss is not this loss's.
+    earlier = _attempts((2, 900.0, None), (1, 950.0, 3), (2, 980.0, 6))
+    assert elastic_verdict("elastic_node_lost", "SUCCESS", earlier, done, lost_at=lost, ended_at=1100.0,
+                           size=2)[0].startswith("no resize below 2 ranks")
+    # The run failed: a loss above min_nodes must not end the training.
+    problem, _, _ = elastic_verdict("elastic_node_lost", "FAILURE", None, None, lost_at=lost, ended_at=None, size=2)
+    assert problem == "the gang did not go on after losing a node above min_nodes: its run ended FAILURE"
+    # Steps lost: the training stopped short of its total.
+    problem, _, _ = elastic_verdict("elastic_node_lost", "SUCCESS", {**grew, "steps": 36}, done, lost_at=lost,
+                                    ended_at=1100.0, size=2)
+    assert problem == "the training ended at step 36 of 40"
+    assert elastic_verdict("elastic_node_lost", "SUCCESS", None, done, lost_at=lost, ended_at=None,
+                           size=2)[0] == "the run succeeded but its training wrote no metrics.json after the loss"
+
+
+def test_soak_classes_narrow_the_draw_and_name_what_is_wrong():
+    import pytest
+
+    from tests.reliability.soak.faults import ELASTIC_CLASSES, KUBERNETES_CLASSES
+
+    settings = SoakSettings.from_environment({"SOAK_CLASSES": "elastic_node_lost, worker_kill", "SOAK_SEED": "1"})
+    assert settings.classes_for(KUBERNETES_CLASSES) == {"elastic_node_lost": ELASTIC_CLASSES["elastic_node_lost"],
+                                                        "worker_kill": LOCAL_CLASSES["worker_kill"]}
+    assert settings.classes_for(LOCAL_CLASSES) == {"worker_kill": LOCAL_CLASSES["worker_kill"]}
+    assert SoakSettings.from_environment({"SOAK_SEED": "1"}).classes_for(KUBERNETES_CLASSES) == KUBERNETES_CLASSES
+    with pytest.raises(ValueError, match="SOAK_CLASSES names unknown fault classes node_gone; the classes are"):
+        SoakSettings.from_environment({"SOAK_CLASSES": "node_gone"})
+    elastic_only = SoakSettings.from_environment({"SOAK_CLASSES": ",".join(ELASTIC_CLASSES), "SOAK_SEED": "1"})
+    with pytest.raises(ValueError, match="names none of this launcher's classes"):
+        elastic_only.classes_for(LOCAL_CLASSES)
+
+
+def test_the_soak_section_names_the_elastic_classes_and_what_the_gangs_did():
+    from tests.reliability.soak.faults import ELASTIC_CLASSES
+    from tests.reliability.soak.report_section import soak_section
+
+    record = _record([])
+    record["faults_by_class"] = {cls: {"label": label, "injected": 1, "not_injected": 0, "cut_short": 0}
+                                 for cls, label in ELASTIC_CLASSES.items()}
+    record["faults"] = [
+        {"cls": "elastic_node_lost", "target": {"run_status": "SUCCESS", "grew_back": True, "world_sizes": [2, 1, 2]}},
+        {"cls": "elastic_node_rejoin", "target": {"run_status": "SUCCESS", "grew_back": True,
+                                                  "world_sizes": [2, 1, 2]}},
+        {"cls": "elastic_node_lost_in_checkpoint_write", "target": {"run_status": "SUCCESS", "grew_back": False,
+                                                                    "world_sizes": [2, 1]}},
+        {"cls": "worker_kill", "target": {"rank": 0}},
+    ]
+    section = soak_section({"kubernetes": record})
+    assert "|elastic_node_lost | elastic: a node lost while above min_nodes | 1 | 0 |" in section
+    assert "|elastic_node_rejoin | elastic: a lost node rejoining | 1 | 0 |" in section
+    assert ("|elastic_node_lost_in_checkpoint_write | elastic: a node lost during a checkpoint write | 1 | 0 |"
+            in section)
+    assert ("- **Elastic gangs** (digits on 1-2 pods): 3 node losses judged; the gang went on and its run succeeded "
+            "after 3, grew back to its size after 2; world sizes of the hit trainings' attempts: elastic_node_lost "
+            "[2, 1, 2]; elastic_node_rejoin [2, 1, 2]; elastic_node_lost_in_checkpoint_write [2, 1].") in section
+    assert "Elastic gangs" not in soak_section({"kubernetes": _record([])})
+
+
+def test_telemetry_the_reader_thins_on_purpose_is_not_missing_but_a_kept_one_lost_is():
+    """A training of more than 50 telemetry messages has every 2nd (then 4th ...) observed
+    (resources/launch/observation_thinning.py); the soak's first elastic run (528 steps, telemetry
+    every 10) counted the skipped ones as lost Pipes messages."""
+    from collections import Counter
+
+    from resources.launch.observation_thinning import ObservationThinning
+    from tests.reliability.soak.runs import Arrived, match_messages
+
+    lines = [{"seq": i + 1, "method": "custom", "kind": "telemetry", "step": 10 * (i + 1), "unix": 100.0 + i}
+             for i in range(60)]
+    thinning = ObservationThinning()
+    kept = [e["step"] for e in lines if thinning.keep()]
+    observed = Counter(str(s) for s in kept + [600])  # the last, skipped, is observed at the end
+    assert 520 not in kept and 510 in kept and 530 in kept
+    count = match_messages("r1", Arrived(Counter(), observed.copy(), Counter(), [], 0), {"r1-1.jsonl": lines})
+    assert (count.missing, count.thinned, count.required, count.checked) == ([], 60 - len(kept) - 1, len(kept) + 1,
+                                                                           len(kept) + 1)
+    lost = observed.copy()
+    lost["530"] -= 1
+    count = match_messages("r1", Arrived(Counter(), lost, Counter(), [], 0), {"r1-1.jsonl": lines})
+    assert [m["step"] for m in count.missing] == [530]
+    # Across processes (an elastic gang's rank 0 moves), in the order the lines were written.
+    split = {"r1-1.jsonl": lines[:30], "r1-2.jsonl": lines[30:]}
+    assert match_messages("r1", Arrived(Counter(), observed.copy(), Counter(), [], 0), split).missing == []
