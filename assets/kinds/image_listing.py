@@ -4,6 +4,7 @@ manifest. Only paths and names are read here; the images themselves are checked 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -72,15 +73,18 @@ def list_entries(spec: PipelineSpec, files: list[Path], root: Path, problems: Pr
     candidates: dict[str, tuple[Path, str]] = {}
     refused: set[str] = set()
     manifest: Path | None = None
+    root_prefix, folder_prefix = str(root).rstrip(os.sep) + os.sep, str(folder).rstrip(os.sep) + os.sep
+    real_dirs: dict[Path, Path] = {}  # a folder's resolved path, found once for all its files
     for f in files:
-        key = Path(os.path.relpath(f, root)).as_posix()
-        sources[key] = {"file": key, "bytes": f.lstat().st_size, **({"link": True} if f.is_symlink() else {})}
-        try:
-            image_id = f.relative_to(folder).as_posix()
-        except ValueError:
+        st = f.lstat()
+        link = stat.S_ISLNK(st.st_mode)
+        key = _under(f, root_prefix) or Path(os.path.relpath(f, root)).as_posix()
+        sources[key] = {"file": key, "bytes": st.st_size, **({"link": True} if link else {})}
+        image_id = _under(f, folder_prefix)
+        if image_id is None:
             problems.add(f"{key}: lies outside the image folder {src.root}/")
             continue
-        problem = _link_problem(f, root_real)
+        problem = _link_problem(f, root_real, link, st, real_dirs)
         if problem is None and image_id != manifest_id and PurePosixPath(image_id).suffix.lower() not in extensions:
             problem = f"has an extension not in the accepted extensions {sorted(extensions)}"
         if problem is not None:
@@ -95,14 +99,33 @@ def list_entries(spec: PipelineSpec, files: list[Path], root: Path, problems: Pr
     return _class_folder_entries(spec, folder, candidates, refused, problems)
 
 
-def _link_problem(f: Path, root_real: Path) -> str | None:
-    """A file, or a link to one, inside the sources root; anything else is refused."""
-    target = f.resolve()
+def _under(f: Path, prefix: str) -> str | None:
+    """``f``'s path below ``prefix`` (a folder's path and a separator) as POSIX, or None when it is
+    not below it: ``relative_to`` by its string, which costs a fraction of pathlib's per file."""
+    text = str(f)
+    if not text.startswith(prefix) or len(text) == len(prefix):
+        return None
+    rest = text[len(prefix):]
+    return rest if os.sep == "/" else rest.replace(os.sep, "/")
+
+
+def _link_problem(f: Path, root_real: Path, link: bool, st: os.stat_result, real_dirs: dict[Path, Path]) -> str | None:
+    """A file, or a link to one, inside the sources root; anything else is refused. ``st`` is the
+    file's own lstat. A file that is not a link resolves to its folder's resolved path and its name,
+    so only links and each folder once are resolved (a resolve per file, a stat per part of its
+    path, was most of the time an edit of a large folder took: benchmarks, row 8f)."""
+    if link:
+        target = f.resolve()
+    else:
+        parent = real_dirs.get(f.parent)
+        if parent is None:
+            parent = real_dirs[f.parent] = f.parent.resolve()
+        target = parent / f.name
     if not target.is_relative_to(root_real):
         return f"is a link to {target}, outside the sources root; copy the file in instead"
-    if not target.exists():
+    if link and not target.exists():
         return f"is a broken link (to {target})"
-    if target.is_dir():
+    if stat.S_ISDIR(st.st_mode) or (link and target.is_dir()):
         return "is a link to a folder, not to an image file"
     return None
 
