@@ -22,10 +22,27 @@ tree, as a kubelet ends a pod's containers) is replaced in its index ``replaceme
 first pod that succeeds completes the Job and ends the others (``successPolicy``). Bare pods (an
 elastic gang's rendezvous store) run the same way, with ``image_env`` standing in for what the
 image provides, and go with the Job that owns them.
+
+**Image mode.** With ``image`` (default: the environment variable ``POD_SIM_IMAGE``, an image in
+buildah's store such as ``make images`` builds: ``test-artifacts/images.json`` names it) every pod,
+a bare one too, runs inside that image's root file system instead of as a process of this checkout
+(tests/k8s/image_root.py: a working container per pod, ``buildah mount`` and ``chroot``; no
+container runtime works here). As a kubelet would: the image's ENV under the pod's env, its
+WORKDIR, the securityContext's runAsUser/runAsGroup with fsGroup as a supplementary group, the root
+read-only where readOnlyRootFilesystem says so, each emptyDir a fresh tmpfs at its mountPath, and a
+persistentVolumeClaim the host folder at its mountPath (the tests' shared folder has the same path
+in the step and in the pods), its files given to fsGroup as the kubelet does at each mount. What a
+test sets in the pod's env to stand in for the image in process mode (``IMAGE_STAND_INS``:
+PYTHONPATH at this checkout, a BUILD.json of its own) is left out, the image's own serving instead;
+a test instrument's folder (``INSTRUMENT_FOLDERS``: the soak's Pipes ledger) is bound in at its
+path. Pods are still processes of this host (no PID namespace), so deletion and node loss signal
+them as before. Without an image, or when the one named cannot be run here, pods run as processes
+and the cluster logs why (``image_note``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -34,6 +51,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,6 +80,35 @@ from kubernetes.client import (
 from kubernetes.client.exceptions import ApiException
 
 from resources.k8s.manifests import INDEX_ANNOTATION, TRAINER_CONTAINER as CONTAINER
+from tests.k8s.image_root import ImageRoot, image_inspect, tools_missing
+from training_runtime.observe.build_info import BUILD_INFO_ENV
+from training_runtime.observe.pipes import LEDGER_ENV
+
+log = logging.getLogger(__name__)
+
+# The switch: an image reference (buildah's store) the pods run in; unset, they run as processes.
+POD_IMAGE_ENV = "POD_SIM_IMAGE"
+# Env a test sets so that a bare process looks like the image (its code, its BUILD.json): in image
+# mode the image's own are used, and a value pointing outside the pod's volumes is left out.
+IMAGE_STAND_INS = ("PYTHONPATH", BUILD_INFO_ENV)
+# Env naming a host folder a test reads back what the pods wrote: bound into the pod at its path.
+INSTRUMENT_FOLDERS = (LEDGER_ENV,)
+_FROM_ENV = object()
+_said: set[str] = set()  # the fallback is logged once per process and reason, not at every cluster
+
+
+def pod_image(requested: str | None) -> tuple[str | None, str]:
+    """The image pods can run in, or None and why not (a sentence naming the fix)."""
+    if not requested:
+        return None, (f"{POD_IMAGE_ENV} is not set: pods run as local processes of this checkout's .venv, not the "
+                      f"image's contents (make images, then {POD_IMAGE_ENV}=<image> from test-artifacts/images.json)")
+    why = tools_missing() or (None if os.geteuid() == 0 else "running pods in an image needs root (buildah mount, chroot)")
+    if why is None and subprocess.run(["buildah", "inspect", "--type", "image", requested],
+                                      capture_output=True).returncode != 0:
+        why = "buildah's store has no such image (make images builds it; test-artifacts/images.json names it)"
+    if why:
+        return None, f"{POD_IMAGE_ENV}={requested} cannot be run here: {why}; pods run as local processes instead"
+    return requested, ""
 
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -91,6 +138,7 @@ class LocalPod:
     waiting: tuple[str, str] | None = None  # (reason, message) while it cannot start
     pump: threading.Thread | None = None
     previous_log: bytes | None = None  # the container's run before a restart, if it had one
+    root: ImageRoot | None = None  # image mode: the pod's container root, removed once it exits
 
     @property
     def phase(self) -> str:
@@ -154,7 +202,26 @@ class LocalCluster:
         replacement_delay_s: float = 0.0,
         image_env: dict[str, str] | None = None,
         grace_s: float = 30.0,
+        image: str | None | object = _FROM_ENV,
+        image_extras: tuple[tuple[Path, str], ...] = (),
     ):
+        """``image``: run every pod inside this image (see the module's "Image mode"); by
+        default the environment's ``POD_SIM_IMAGE``; None: processes, whatever the environment.
+        ``image_extras``: (host folder, path) pairs bound into every pod's root in image mode,
+        what a team's own build of the image adds (USER_CODE) for a test whose training function
+        lives in this checkout; process mode has them on PYTHONPATH already."""
+        self.image_extras = tuple(image_extras)
+        self.rooted: list[LocalPod] = []  # image mode: every pod started, until its root is released
+        requested = os.environ.get(POD_IMAGE_ENV) if image is _FROM_ENV else image
+        self.image, self.image_note = pod_image(requested)  # type: ignore[arg-type]
+        if self.image is None and self.image_note not in _said:
+            _said.add(self.image_note)
+            log.warning("pod simulation: %s", self.image_note)
+            if requested:  # asked for and not given: a warning the test run's summary shows
+                warnings.warn(f"pod simulation: {self.image_note}", stacklevel=2)
+        if self.image is not None and not image_id:
+            # what a kubelet reports for a pulled image: the reference and its digest
+            image_id = f"{self.image.split('@')[0]}@{image_inspect(self.image)['FromImageDigest']}"
         self.replacement_delay_s = replacement_delay_s
         self.image_env = dict(image_env or {})
         self.grace_s = grace_s
@@ -195,7 +262,10 @@ class LocalCluster:
             return pod
         command = [self._rewrite_dns(job, expand(a, env)) for a in container["command"]]
         env = {k: self._rewrite_dns(job, v) for k, v in env.items()}
-        pod.proc, pod.pump = self._spawn(command, env, pod.log_path)
+        if self.image is not None:
+            self._spawn_in_image(pod, template["spec"], container, command, env)
+        else:
+            pod.proc, pod.pump = self._spawn(command, env, pod.log_path)
         return pod
 
     def _end_pod(self, pod: LocalPod) -> None:
@@ -240,8 +310,11 @@ class LocalCluster:
         env, _ = self._container_env(container, 0, name)
         pod = LocalPod(name=name, index=0, labels=dict(body["metadata"].get("labels", {})),
                        log_path=self.workdir / f"{name}.log")
-        pod.proc, pod.pump = self._spawn([expand(a, env) for a in container["command"]],
-                                         {**self.image_env, **env}, pod.log_path)
+        command = [expand(a, env) for a in container["command"]]
+        if self.image is not None:  # the image's ENV is what image_env stands in for
+            self._spawn_in_image(pod, body["spec"], container, command, env)
+        else:
+            pod.proc, pod.pump = self._spawn(command, {**self.image_env, **env}, pod.log_path)
         self.bare_pods[name] = (pod, body)
 
     def _node_for(self, index: int) -> str:
@@ -300,17 +373,80 @@ class LocalCluster:
             [executable, *command[1:]], env=proc_env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
+        return proc, _pump(proc, log_path)
 
-        def pump() -> None:
-            with log_path.open("ab") as log:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    log.write(_now().encode() + b" " + line)
-                    log.flush()
+    # -- image mode ------------------------------------------------------------------------
+    def _spawn_in_image(self, pod: LocalPod, spec: dict[str, Any], container: dict[str, Any], command: list[str],
+                        env: dict[str, str]) -> None:
+        """The pod's container inside the image: its own working container of it, the pod's
+        volumes and user; the root is released once the container's processes are gone."""
+        pod_sc, ctr_sc = spec.get("securityContext") or {}, container.get("securityContext") or {}
+        uid = ctr_sc.get("runAsUser", pod_sc.get("runAsUser"))
+        gid = ctr_sc.get("runAsGroup", pod_sc.get("runAsGroup", uid))
+        fs_group = pod_sc.get("fsGroup")
+        tmpfs, binds = self._pod_volumes(spec, container, fs_group)
+        env, dropped, instruments = self._image_env(env, [inside for _, inside in binds] + tmpfs)
+        binds += [(Path(folder), folder) for folder in instruments] + list(self.image_extras)
+        root = ImageRoot.open(self.image, name=f"podsim-{pod.name}")
+        try:
+            root.mount_pod(tmpfs=tmpfs, binds=binds, read_only_root=bool(ctr_sc.get("readOnlyRootFilesystem")))
+            user = None if uid is None else f"{uid}:{gid}"
+            argv = root.argv(command, env, user=user, groups=[fs_group] if fs_group is not None else [])
+            pod.root = root
+            pod.proc, pod.pump = self._spawn_argv(argv, pod.log_path, after=root.close)
+            self.rooted.append(pod)
+        except BaseException:
+            root.close()
+            raise
+        note = f"pod simulation: pod {pod.name} runs in image {self.image} as {user or 'its USER'}"
+        if dropped:
+            note += f", without {', '.join(dropped)} (host stand-ins for what the image holds)"
+        log.info(note)
 
-        thread = threading.Thread(target=pump, daemon=True)
-        thread.start()
-        return proc, thread
+    def _pod_volumes(self, spec: dict[str, Any], container: dict[str, Any],
+                     fs_group: int | None) -> tuple[list[str], list[tuple[Path, str]]]:
+        """(tmpfs mount paths, (host folder, mount path) binds) for the container's volumeMounts."""
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        tmpfs, binds = [], []
+        for mount in container.get("volumeMounts", []):
+            volume, path = volumes[mount["name"]], mount["mountPath"]
+            if "emptyDir" in volume:
+                tmpfs.append(path)
+            elif "persistentVolumeClaim" in volume:
+                host = Path(path)
+                if not host.is_dir():
+                    raise FileNotFoundError(
+                        f"the pod simulation stands the PVC {volume['persistentVolumeClaim']['claimName']} for the host "
+                        f"folder at its mountPath {path}, which does not exist: create it (the step's shared folder)")
+                if fs_group is not None:
+                    give_to_group(host, fs_group)
+                binds.append((host, path))
+            else:
+                raise ValueError(f"the pod simulation mounts emptyDir and persistentVolumeClaim volumes only, not {volume}")
+        return tmpfs, binds
+
+    @staticmethod
+    def _image_env(env: dict[str, str], volumes: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
+        """The pod's env less the host stand-ins that point outside its volumes; the instrument
+        folders to bind in."""
+        inside = lambda p: any(Path(p).is_relative_to(v) for v in volumes)  # noqa: E731
+        kept, dropped = dict(env), []
+        for name in IMAGE_STAND_INS:
+            if name not in kept:
+                continue
+            parts = [p for p in kept[name].split(os.pathsep) if p and inside(p)]
+            if parts:
+                kept[name] = os.pathsep.join(parts)
+            else:
+                dropped.append(f"{name}={kept.pop(name)}")
+        instruments = [env[n] for n in INSTRUMENT_FOLDERS if env.get(n) and Path(env[n]).is_dir() and not inside(env[n])]
+        return kept, dropped, instruments
+
+    @staticmethod
+    def _spawn_argv(argv: list[str], log_path: Path, after=None):
+        proc = subprocess.Popen(argv, env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        return proc, _pump(proc, log_path, after)
 
     def _kill(self, job: LocalJob) -> None:
         for pod in job.pods:
@@ -329,6 +465,17 @@ class LocalCluster:
             self._kill(job)
         for pod, _ in list(self.bare_pods.values()):
             self._end_pod(pod)
+        # image mode: each pod's root goes once its output ends (the pump's last act), deleted
+        # Jobs' pods included; a root still held after that is named, not left silently mounted
+        held = []
+        for pod in self.rooted:
+            if pod.pump is not None:
+                pod.pump.join(timeout=30)
+            if pod.root is not None and pod.root.container:
+                held.append(f"{pod.name} ({pod.root.container} at {pod.root.mnt})")
+        if held:
+            raise RuntimeError(f"pod simulation: image roots still mounted 30 s after close: {', '.join(held)}; "
+                               "a process of the pod outlived it (see `buildah containers`, `ps -ef`)")
 
     # -- API objects ----------------------------------------------------------------------
     def _pod_object(self, pod: LocalPod) -> V1Pod:
@@ -355,7 +502,8 @@ class LocalCluster:
                 message="\n".join(line.partition(" ")[2] for line in tail)))
         statuses = None
         if state is not None:
-            statuses = [V1ContainerStatus(name=CONTAINER, image="local", image_id=self.image_id, ready=phase == "Running",
+            statuses = [V1ContainerStatus(name=CONTAINER, image=self.image or "local", image_id=self.image_id,
+                                          ready=phase == "Running",
                                           restart_count=0 if pod.previous_log is None else 1, state=state)]
         return V1Pod(
             metadata=V1ObjectMeta(name=pod.name, labels=pod.labels,
@@ -451,6 +599,52 @@ class LocalCluster:
                         yield rest
                     return
                 time.sleep(0.05)
+
+
+def _pump(proc: subprocess.Popen, log_path: Path, after=None) -> threading.Thread:
+    """The container's output into its log, each line timestamped; then ``after`` (image mode:
+    the pod's root released), once the last process holding the output is gone."""
+
+    def pump() -> None:
+        try:
+            with log_path.open("ab") as log:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(_now().encode() + b" " + line)
+                    log.flush()
+        finally:
+            if after is not None:
+                proc.wait()
+                after()
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def give_to_group(folder: Path, gid: int) -> None:
+    """What a kubelet does to a volume for a pod's fsGroup (fsGroupChangePolicy Always): every file
+    and folder belongs to the group and is group read-writable, folders setgid so new files stay in
+    it. A file that goes while this runs (a pod writing beside) is skipped."""
+    import stat
+
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name, is_dir in [(dirpath, True)] + [(os.path.join(dirpath, f), False) for f in filenames]:
+            try:
+                st = os.lstat(name)
+                if stat.S_ISLNK(st.st_mode):
+                    continue
+                if st.st_gid != gid:
+                    os.chown(name, -1, gid)
+                mode = st.st_mode | stat.S_IRGRP | stat.S_IWGRP
+                if is_dir:
+                    mode |= stat.S_IXGRP | stat.S_ISGID
+                elif st.st_mode & stat.S_IXUSR:
+                    mode |= stat.S_IXGRP
+                if mode != st.st_mode:
+                    os.chmod(name, stat.S_IMODE(mode))
+            except FileNotFoundError:
+                continue
 
 
 def _bad_request(message: str) -> ApiException:

@@ -8,21 +8,28 @@ after), and it needs root, buildah and debootstrap."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from core.code_version import code_version
-from resources.k8s.manifests import PodSettings, build_training_job, config_json, config_path
+from resources.k8s.client import TrainingJobClient
+from resources.k8s.launcher import KubernetesTrainingLauncher
+from resources.k8s.manifests import PodSettings, build_manifests, build_training_job, config_json, config_path
 from resources.launch.base import GpuRequest, TrainingJob
-from tests.k8s.image_root import image_root, tools_missing
-from tests.k8s.local_cluster import LocalCluster
+from tests.k8s.image_root import image_inspect, image_root, tools_missing
+from tests.k8s.local_cluster import LocalCluster, process_tree
+from tests.k8s.helpers import node
 from tests.runtime.helpers import make_config, make_dataset
+from tests.support.ports import free_ports
 from training_runtime.observe.build_info import EXPECTED_CODE_VERSION_ENV
 
 pytestmark = pytest.mark.heavy
@@ -44,12 +51,34 @@ def _built(name: str, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def training_image(tmp_path_factory) -> str:
-    built = _built("training", tmp_path_factory)
-    sbom = json.loads(Path(built["sbom"]).read_text())  # copied out beside the image
+def training_built(tmp_path_factory) -> dict:
+    return _built("training", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def training_image(training_built) -> str:
+    sbom = json.loads(Path(training_built["sbom"]).read_text())  # copied out beside the image
     names = {d["metadata"]["name"].lower(): d["metadata"]["version"] for d in sbom["installed"]}
     assert names["torch"].startswith("2.13.0") and "dagster-pipes" in names and "dagster" not in names
-    return built["image"]
+    return training_built["image"]
+
+
+def test_the_training_image_holds_exactly_what_its_lock_pins(training_built):
+    """The SBOM (pip inspect, written in the image) against the lock the image was installed from
+    (copied into it beside the SBOM): nothing in the image that the lock does not pin, at its pin;
+    and that lock is the committed one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_lock", REPO / "helm/images/lock.py")
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    sbom = json.loads(Path(training_built["sbom"]).read_text())
+    in_image = Path(training_built["lock"]).read_text()
+    assert in_image == (REPO / "helm/images/training.lock.txt").read_text()
+    assert lock.unlocked(sbom, in_image) == []
+    # every pin is installed too: the lock is what the image holds, not a superset of it
+    installed = lock.installed(sbom)
+    assert sorted(set(lock.parse_lock(in_image)) - set(installed)) == []
 
 
 def _pod(tmp_path: Path, image: str) -> tuple[TrainingJob, PodSettings, dict, Path]:
@@ -144,3 +173,147 @@ def test_the_code_location_image_serves_its_definitions_over_grpc_as_its_user(tm
     listed = deserialize_value(repositories)  # a ListRepositoriesResponse, as the webserver reads it
     assert [r.repository_name for r in listed.repository_symbols], listed
     assert whoami == "1000"
+
+
+# --- the pod simulation inside the image (tests/k8s/local_cluster.py's image mode) -----------------
+def _pod_processes(cluster: LocalCluster) -> dict[str, list[dict]]:
+    """Every process of every running pod now: its root, command line and user, from /proc."""
+    seen: dict[str, list[dict]] = {}
+    for pod in [p for j in list(cluster.jobs.values()) for p in j.pods]:
+        if pod.proc is None or pod.root is None or pod.proc.poll() is not None:
+            continue
+        for pid in process_tree(pod.proc.pid):
+            try:
+                root = os.readlink(f"/proc/{pid}/root")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                uid = next(l.split()[1] for l in Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if l.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue  # gone meanwhile
+            seen.setdefault(pod.name, []).append({"root": root, "expected_root": str(pod.root.mnt),
+                                                  "argv": [a.decode() for a in cmdline if a], "uid": uid})
+    return seen
+
+
+def _image_file(image: str, path: str) -> str:
+    with image_root(image) as root:
+        return (root.mnt / path.lstrip("/")).read_text()
+
+
+def _podsim_containers() -> set[str]:
+    out = subprocess.run(["buildah", "containers", "--format", "{{.ContainerName}}"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    return {c for c in out if c.startswith("podsim-")}
+
+
+def test_a_training_launched_through_the_kubernetes_launcher_runs_inside_the_image(tmp_path, training_image,
+                                                                                    monkeypatch):
+    """KubernetesTrainingLauncher.launch, unchanged, against a LocalCluster in image mode: two pods
+    of one gloo rank each, rendezvous between them. Every process of both pods runs in its own
+    root of the image as uid 1000, the workers are the image's /opt/venv python (not this
+    checkout's .venv), the pods read the image's BUILD.json (the job sets no stand-in for it) and
+    the code-version check passes against it; the lineage carries the image's digest as the pods'
+    status reported it; every pod's root is gone afterwards."""
+    shared = tmp_path / "shared"
+    manifest, locations = make_dataset(shared / "data", n_train=96, n_test=32, per_shard=24)
+    config = make_config(shared, manifest, locations, name="digits", epochs=2)
+    before = _podsim_containers()
+    (tmp_path / "cluster").mkdir()
+    cluster = LocalCluster(tmp_path / "cluster", image=training_image, nodes=[node("cpu-a", cpu="4"),
+                                                                               node("cpu-b", cpu="4")])
+    assert cluster.image == training_image, cluster.image_note
+    client = TrainingJobClient(cluster.batch, cluster.core, poll_interval_s=0.2, pending_timeout_s=120)
+    (port,) = free_ports(1)
+    settings_of = KubernetesTrainingLauncher.pod_settings
+    monkeypatch.setattr(KubernetesTrainingLauncher, "_client", lambda self: client)  # the API server here
+    monkeypatch.setattr(KubernetesTrainingLauncher, "pod_settings",
+                        lambda self: dataclasses.replace(settings_of(self), rendezvous_port=port))
+    launcher = KubernetesTrainingLauncher(namespace="model-factory", image=training_image,
+                                          shared_mount_path=str(shared), s3_secret=None, lakefs_secret=None,
+                                          load_incluster_config=False, poll_interval_s=0.2)
+    job = TrainingJob(name="digits-in-image", config=config, nproc_per_node=1, nnodes=2,
+                      gpu=GpuRequest(nodes=2, gpus_per_node=0, cpu="1", memory="2Gi"),
+                      env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}, code_version=code_version())
+    samples: list[dict[str, list[dict]]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.3):
+            samples.append(_pod_processes(cluster))
+
+    @dg.asset
+    def checkpoint(context) -> dg.MaterializeResult:
+        """Trains through the Kubernetes launcher against the pod simulation in image mode."""
+        launcher.launch(context, job)
+        return dg.MaterializeResult()
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = dg.materialize([checkpoint], raise_on_error=False)
+    finally:
+        done.set()
+        sampler.join()
+        cluster.close()
+    logs = {p.name: p.read_text()[-3000:] for p in (tmp_path / "cluster").glob("*.log")}
+    assert result.success, "\n".join(f"== {k}\n{v}" for k, v in logs.items())
+
+    procs = {pod: [p for s in samples for p in s.get(pod, [])] for pod in {k for s in samples for k in s}}
+    assert len(procs) == 2, procs  # both pods seen running
+    for pod, seen in procs.items():
+        assert all(p["root"] == p["expected_root"] for p in seen), (pod, seen)  # chrooted, each in its own root
+        assert all(p["uid"] == "1000" for p in seen), (pod, seen)
+        workers = [p["argv"] for p in seen if "-m" in p["argv"][:3]]  # torchrun's workers: python -u -m ...
+        assert workers and all(w[0] in ("/opt/venv/bin/python", "/opt/venv/bin/python3") for w in workers), (pod, workers)
+    assert not any(str(REPO) in a for s in samples for ps in s.values() for p in ps for a in p["argv"])
+
+    pod = json.loads((Path(config["output_dir"]) / "resolved_config.json").read_text())["pod"]
+    image_build = json.loads(_image_file(training_image, "/opt/model-factory/BUILD.json"))
+    assert pod["build"] == image_build and pod["build"]["git_sha"] == code_version()["git_sha"]
+    assert pod["image"] == training_image
+    assert pod["image_digests"] == [image_inspect(training_image)["FromImageDigest"]]
+    assert pod["nodes"] == ["cpu-a", "cpu-b"]
+    assert _podsim_containers() == before  # every pod's working container removed
+    assert not [l for l in Path("/proc/mounts").read_text().splitlines() if "podsim-" in l]
+
+
+def test_deleting_a_pod_that_runs_inside_the_image_ends_its_whole_process_tree(tmp_path, training_image):
+    """A pod deleted while it trains in image mode: SIGTERM to every process of it (torchrun and
+    its workers, in sessions of their own), SIGKILL to what is left after the grace period, as a
+    kubelet ends a pod's containers; then its root is unmounted and removed."""
+    shared = tmp_path / "shared"
+    manifest, locations = make_dataset(shared / "data", n_train=96, n_test=32, per_shard=24)
+    config = make_config(shared, manifest, locations, name="long", epochs=500)
+    settings = PodSettings(namespace="model-factory", image=training_image, shared_mount_path=str(shared))
+    job = TrainingJob(name="long-in-image", config=config, nproc_per_node=2,
+                      gpu=GpuRequest(nodes=1, gpus_per_node=0, cpu="1", memory="2Gi"),
+                      env={"OMP_NUM_THREADS": "1"})
+    path = Path(config_path(job, settings))
+    path.parent.mkdir(parents=True)
+    path.write_text(config_json(job.config))
+    (tmp_path / "cluster").mkdir()
+    cluster = LocalCluster(tmp_path / "cluster", image=training_image, grace_s=5)
+    try:
+        job_manifest = next(m for m in build_manifests(job, settings) if m["kind"] == "Job")
+        cluster.batch.create_namespaced_job("model-factory", job_manifest)
+        (pod,) = cluster.jobs[job.name].pods
+        deadline = time.monotonic() + 120
+        while len(tree := process_tree(pod.proc.pid)) < 3:  # torchrun and both workers
+            assert pod.proc.poll() is None and time.monotonic() < deadline, pod.log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        assert all(os.readlink(f"/proc/{p}/root") == str(pod.root.mnt) for p in tree)
+        container = pod.root.container
+        cluster.delete_pod(pod.name)
+        alive = [p for p in tree if Path(f"/proc/{p}").exists() and "zombie" not in _state(p)]
+        assert not alive, alive
+        pod.pump.join(timeout=30)
+        assert container not in _podsim_containers() and pod.root.container == ""
+    finally:
+        cluster.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        return next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("State:"))
+    except (OSError, StopIteration):
+        return "zombie"  # gone

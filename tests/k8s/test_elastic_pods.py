@@ -37,7 +37,7 @@ STEP_S = 0.4
 
 def test_a_deleted_pod_leaves_the_gang_which_goes_on_with_two_then_grows_back_to_three(tmp_path):
     shared = tmp_path / "shared"
-    manifest, locations = problem(tmp_path / "data", N, PER_SHARD)
+    manifest, locations = problem(shared / "data", N, PER_SHARD)  # on the volume: image-mode pods see only it
     config = elastic_config(shared, manifest, locations, nodes=(2, 3), per_node=1, batch=BATCH, epochs=EPOCHS,
                             every=EVERY)
     (port,) = free_ports(1)
@@ -52,7 +52,10 @@ def test_a_deleted_pod_leaves_the_gang_which_goes_on_with_two_then_grows_back_to
     (tmp_path / "cluster").mkdir()
     # The replacement finds room 25 s later, after the two that are left re-formed (2 s last call).
     cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=[node(f"cpu-{c}", cpu="4") for c in "abc"],
-                           replacement_delay_s=25, image_env={"PYTHONPATH": str(REPO)})
+                           replacement_delay_s=25, image_env={"PYTHONPATH": str(REPO)},
+                           # inside the built image (POD_SIM_IMAGE), the team's training function
+                           # (tests.runtime.sample_order_train) is added as its own build would add it
+                           image_extras=((REPO / "tests", "/opt/model-factory/tests"),))
     client = TrainingJobClient(cluster.batch, cluster.core, poll_interval_s=0.2, pending_timeout_s=60)
     checkpoint_dir = Path(config["checkpoint"]["dir"])
     deleted: list[str] = []

@@ -38,7 +38,8 @@ CPU_NODES = [node("cpu-a", cpu="4", memory="16Gi"), node("cpu-b", cpu="4", memor
 
 def _setup(tmp_path: Path, *, nnodes: int = 2, epochs: int = 1, **gpu):
     shared = tmp_path / "shared"  # the PVC: same path in the "step" (this test) and the pods
-    manifest, locations = make_dataset(tmp_path / "data", n_train=96, n_test=32, per_shard=24)
+    # the shards on the volume too: pods run inside the image see nothing else of this host
+    manifest, locations = make_dataset(shared / "data", n_train=96, n_test=32, per_shard=24)
     config = make_config(shared, manifest, locations, name="digits", epochs=epochs)
     (port,) = free_ports(1)
     settings = PodSettings(
@@ -55,8 +56,8 @@ def _setup(tmp_path: Path, *, nnodes: int = 2, epochs: int = 1, **gpu):
         nproc_per_node=1,
         nnodes=nnodes,
         gpu=GpuRequest(nodes=nnodes, gpus_per_node=0, cpu="1", memory="2Gi", **gpu),
-        # Local stand-ins for what the image provides: the code on PYTHONPATH, one thread each,
-        # gloo over loopback.
+        # Local stand-ins for what the image provides: the code on PYTHONPATH (left out when the
+        # pods run inside the built image, POD_SIM_IMAGE), one thread each, gloo over loopback.
         env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
     )
     return settings, job
@@ -346,7 +347,9 @@ def test_a_pipeline_with_its_own_model_and_training_function_trains_from_the_ima
 
     settings, job = _user_code_job(tmp_path, monkeypatch, git_sha=SHA, nnodes=2)
     (tmp_path / "cluster").mkdir()
-    cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES,
+    # Processes always: the image here is the one this test assembles (a team package, acme_models,
+    # that the built training image does not hold), whatever POD_SIM_IMAGE says.
+    cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES, image=None,
                            image_id=f"docker-pullable://registry.example.com/model-factory/training@{DIGEST}")
     result = _launch_versioned(cluster, job, settings, {"git_sha": SHA, "dirty": False})
     logs = {p.name: p.read_text() for p in (tmp_path / "cluster").glob("*.log")}
@@ -370,7 +373,8 @@ def test_a_pipeline_with_its_own_model_and_training_function_trains_from_the_ima
 def test_a_pod_whose_image_records_another_commit_fails_naming_both(tmp_path, monkeypatch):
     settings, job = _user_code_job(tmp_path, monkeypatch, git_sha=SHA, nnodes=1)
     (tmp_path / "cluster").mkdir()
-    cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES)
+    # Processes always: the image here is the one this test assembles (see above).
+    cluster = LocalCluster(tmp_path / "cluster", secrets=SECRETS, nodes=CPU_NODES, image=None)
     expected = "f" * 40
     result = _launch_versioned(cluster, job, settings, {"git_sha": expected, "dirty": False})
     assert not result.success
