@@ -151,6 +151,11 @@ FULL_ONLY: dict[str, str] = {
         "a node lost above min and rejoining: distributed/test_elastic_gang stays",
     "tests/k8s/test_elastic_pods.py":
         "the local elastic gang (distributed/test_elastic_gang) and the elastic manifests stay",
+    "tests/k8s/test_elastic_pipeline.py":
+        "a whole pipeline over 3 simulated pods, 160 s: the local elastic gang and the pod simulation's runs stay",
+    "tests/teams/test_elastic_team_gang.py":
+        "a team's elastic gang through the CLI, 75 s: distributed/test_elastic_gang (a team train_fn) and the "
+        "user-path matrix's team location stay",
     "tests/reliability/test_data_faults.py":
         "runtime/test_stream_s3 (store down, cut connections) and data/test_stream_cache (corrupt, full) stay",
     # The browser: make test keeps tests/ui/test_ui (asset graph, a launched run, the pages).
