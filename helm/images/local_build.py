@@ -6,7 +6,7 @@ build arguments are set):
 
 - the base (``CUDA_BASE``): a Debian bookworm root file system made here by
   ``debootstrap --variant=minbase`` and imported into buildah's store as
-  ``localhost/model-factory-base:bookworm`` (bookworm's python3 is 3.11); ``PYTHON_BASE``: that
+  ``localhost/model-factory-base:bookworm-2`` (bookworm's python3 is 3.11); ``PYTHON_BASE``: that
   base with Python 3.11 in a virtual environment first on PATH, as python:3.11-slim-bookworm has it;
 - the base trusts this machine's CA bundle (PyPI is reached through a proxy here) and sets
   ``PIP_CERT`` to it;
@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BASE_IMAGE = "localhost/model-factory-base:bookworm"
+BASE_IMAGE = "localhost/model-factory-base:bookworm-2"  # -2: with the registry bases' docker-clean
 SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 IMAGES = {
@@ -84,6 +84,14 @@ def image_exists(ref: str) -> bool:
     return subprocess.run(["buildah", "inspect", "--type", "image", ref], capture_output=True).returncode == 0
 
 
+DOCKER_CLEAN = """\
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+"""
+
+
 def ensure_base() -> dict:
     """The Debian base image, made once (debootstrap) and kept in buildah's store."""
     if image_exists(BASE_IMAGE):
@@ -92,6 +100,11 @@ def ensure_base() -> dict:
     with tempfile.TemporaryDirectory(prefix="mf-rootfs-") as root:
         _run(["debootstrap", "--variant=minbase", SUITE, root, MIRROR])
         shutil.rmtree(Path(root) / "var/cache/apt/archives", ignore_errors=True)
+        for cache in (Path(root) / "var/cache/apt").glob("*.bin"):
+            cache.unlink()
+        # What Debian's and Ubuntu's registry images carry: apt keeps no .deb files or package caches
+        # after an install. Without it each apt-get install in a Dockerfile left ~94 MB in /var/cache.
+        (Path(root) / "etc/apt/apt.conf.d/docker-clean").write_text(DOCKER_CLEAN)
         ctr = _run(["buildah", "from", "scratch"]).stdout.strip()
         try:
             mnt = _run(["buildah", "mount", ctr]).stdout.strip()
@@ -123,7 +136,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3 python3
  && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/python
 ENV PATH=/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 """
-PYTHON_BASE_IMAGE = "localhost/model-factory-python-base:bookworm"
+PYTHON_BASE_IMAGE = "localhost/model-factory-python-base:bookworm-2"
 
 
 def ensure_python_base() -> dict:

@@ -94,6 +94,13 @@ IMAGE_STAND_INS = ("PYTHONPATH", BUILD_INFO_ENV)
 # Env naming a host folder a test reads back what the pods wrote: bound into the pod at its path.
 INSTRUMENT_FOLDERS = (LEDGER_ENV,)
 _FROM_ENV = object()
+
+
+class PodImageFallback(UserWarning):
+    """POD_SIM_IMAGE named an image the pods cannot run in here; they ran as processes
+    (``make test-images`` turns this into an error: there the image must be used)."""
+
+
 _said: set[str] = set()  # the fallback is logged once per process and reason, not at every cluster
 
 
@@ -218,7 +225,7 @@ class LocalCluster:
             _said.add(self.image_note)
             log.warning("pod simulation: %s", self.image_note)
             if requested:  # asked for and not given: a warning the test run's summary shows
-                warnings.warn(f"pod simulation: {self.image_note}", stacklevel=2)
+                warnings.warn(f"pod simulation: {self.image_note}", PodImageFallback, stacklevel=2)
         if self.image is not None and not image_id:
             # what a kubelet reports for a pulled image: the reference and its digest
             image_id = f"{self.image.split('@')[0]}@{image_inspect(self.image)['FromImageDigest']}"

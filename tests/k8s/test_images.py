@@ -18,10 +18,23 @@ IMAGES = REPO / "helm" / "images"
 PYPI_NAME = {"pynvml": "nvidia-ml-py", "dagster_pipes": "dagster-pipes", "PIL": "pillow"}
 
 
-def runtime_third_party_imports() -> set[str]:
+# training_runtime modules only the evaluate step runs, in the code-location image (ops/evaluation.py:
+# the ONNX export and its check, a language model's text samples): the training image leaves out
+# what only they import (onnx, onnxruntime, tokenizers), which a training step never imports.
+CODE_LOCATION_ONLY = ("serve/export.py", "serve/text_samples.py")
+
+
+def _modules(skip: tuple[str, ...] = ()):
+    for path in sorted((REPO / "training_runtime").rglob("*.py")):
+        if path.relative_to(REPO / "training_runtime").as_posix() not in skip:
+            yield path, ast.parse(path.read_text())
+
+
+def runtime_third_party_imports(skip: tuple[str, ...] = CODE_LOCATION_ONLY) -> set[str]:
+    """Third-party top-level modules that training_runtime imports, less the code-location-only modules'."""
     names: set[str] = set()
-    for path in (REPO / "training_runtime").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+    for _, tree in _modules(skip):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -46,8 +59,24 @@ def test_training_image_installs_exactly_the_runtime_dependencies():
     assert "dagster" not in installed  # dagster-pipes only: the runtime never imports dagster
     # onnx: torch.onnx.export imports it itself, so no runtime module names it; likewise tensorboard,
     # which torch.utils.tensorboard's SummaryWriter imports; pip: the venv's installer, pinned too
-    assert installed <= wanted | {"torch", "numpy", "boto3", "psutil", "nvidia-ml-py", "dagster-pipes", "onnx",
+    assert installed <= wanted | {"torch", "numpy", "boto3", "psutil", "nvidia-ml-py", "dagster-pipes",
                                   "tensorboard", "pip"}
+
+
+def test_no_training_path_imports_the_modules_the_training_image_leaves_out():
+    """serve/export.py and serve/text_samples.py import onnxruntime and tokenizers, which the
+    training image does not hold: nothing else of training_runtime may import them."""
+    left_out = {"training_runtime." + m.removesuffix(".py").replace("/", ".") for m in CODE_LOCATION_ONLY}
+    importers = []
+    for path, tree in _modules(CODE_LOCATION_ONLY):
+        for node in ast.walk(tree):
+            named = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                if isinstance(node, ast.ImportFrom) and node.module else [])
+            if left_out & set(named):
+                importers.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert importers == [], f"these would fail in the training pods (no onnx/tokenizers there): {importers}"
+    assert {"onnxruntime", "tokenizers"} <= runtime_third_party_imports(skip=())  # what the exclusion is about
 
 
 def test_training_image_takes_its_cuda_base_as_a_build_argument():
