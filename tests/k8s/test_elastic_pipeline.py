@@ -5,11 +5,14 @@ as the soak's Kubernetes path wires it (tests/reliability/soak/cluster.py). Mid-
 training pod loses its processes (SIGTERM to each, as a kubelet ends a deleted or preempted pod):
 the gang goes on with 2 from the checkpoint every rank wrote on the notice, the Job controller
 replaces the pod 25 s later and the replacement joins, so the training ends on 3. The version
-registered says so: its lineage has the resizes row, the run's log the resize lines."""
+registered says so: its lineage has the resizes row, the run's log the resize lines, and the live
+view (the checkpoint asset's telemetry observations, which its Plots chart) a world_size that
+steps from 3 to 2 and back."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -95,6 +98,10 @@ def test_an_elastic_pipeline_loses_a_pod_grows_back_and_registers_a_version(tmp_
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = job.execute_in_process(instance=instance, raise_on_error=False)
         logged = [e.user_message for e in instance.all_logs(result.run_id)]
+        # The live view: each telemetry message is an observation of the checkpoint asset, which
+        # its Plots chart; an elastic gang's carry the group's world size.
+        observed = [e.dagster_event.asset_observation_data.asset_observation
+                    for e in instance.all_logs(result.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION)]
     took = time.monotonic() - started
     pod_logs = {p.name: p.read_text()[-2500:] for p in (profile.data_root / "cluster").glob("*/*.log")}
     failures = [e.event_specific_data.error.message for e in result.all_events if e.is_step_failure]
@@ -122,5 +129,12 @@ def test_an_elastic_pipeline_loses_a_pod_grows_back_and_registers_a_version(tmp_
     assert row.value.startswith("2: 3 -> 2 ranks from step") and "; 2 -> 3 ranks from step" in row.value, row.value
     assert any("the gang resized from 3 to 2 ranks" in (m or "") for m in logged)
     assert any("the gang resized from 2 to 3 ranks" in (m or "") for m in logged)
+    # The resizes in the live plots: world_size steps from 3 to 2 and back, at the steps the
+    # smaller and the regrown groups resumed from.
+    points = [(o.metadata["step"].value, o.metadata["world_size"].value) for o in observed
+              if o.description.startswith("training telemetry") and "world_size" in o.metadata]
+    assert [size for size, _ in itertools.groupby(w for _, w in points)] == [3, 2, 3], points
+    first_at_2 = next(step for step, w in points if w == 2)
+    assert first_at_2 > metrics["resizes"][0]["resumed_from_step"], (points, metrics["resizes"])
     # The replacement came ELASTIC_REPLACEMENT_S after the loss and joined a running training.
     assert took > ELASTIC_REPLACEMENT_S

@@ -457,6 +457,13 @@ class TrainingContext:
             d.partitions, d.shuffle_block = partitions, block
 
     # ------------------------------------------------------------ reporting
+    def gang_figures(self) -> dict[str, int]:
+        """What every telemetry message of an elastic gang adds: the ranks of the group that trains
+        now. Each message is a point of the live plots (and a TensorBoard scalar), so a resize shows
+        there as a step in ``world_size`` at the step it resumed from. Empty for a fixed gang,
+        whose size never changes."""
+        return {"world_size": self.world_size} if os.environ.get(ELASTIC_ENV) else {}
+
     def report(self, step: int, **metrics: Any) -> None:
         """Record figures at ``step`` (every rank may call; rank 0's reach Dagster). Step ``step``
         has ended, for the hang watchdog; a non-finite loss stops the run (NonFiniteLoss)."""
@@ -465,7 +472,7 @@ class TrainingContext:
         if self.is_main:
             if self.attempt_log is not None:  # kept per attempt: metrics.json lists every attempt's
                 self.attempt_log.add_reported(entry)
-            self.reporter.custom({"kind": "telemetry", **entry})
+            self.reporter.custom({"kind": "telemetry", **entry, **self.gang_figures()})
         self.guards.beat(int(step))
         self.guards.check_reported(int(step), metrics)
         if self.fault:
