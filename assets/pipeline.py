@@ -14,6 +14,7 @@ import dagster as dg
 
 from assets import ingest, quality
 from assets.kinds import data_kind
+from assets.kinds.image_store import put_shards, strip_carried
 from assets.sharding import (
     build_shards_from_chunks,
     build_target_shards_from_chunks,
@@ -124,13 +125,14 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             return
         branch = ensure_run_branch(s, context.run_id)
         prefix = ingest.dataset_prefix(name) + "shards/"
+        previous_commit, previous = _published_shards(s, prefix)
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
             raw_file = s.download(raw["commit_id"], ingest.raw_path(name), Path(tmp) / "raw.parquet")
             out = Path(tmp) / "shards"
             rows = spec.chunk_rows
             chunks = ingest.iter_raw_arrays(spec, raw_file, rows)
             try:
-                manifest = _shard_table(spec, chunks, out, rows)
+                manifest = _shard_table(spec, chunks, out, rows, salt=part_salt(raw.get("data_key")), previous=previous)
             except ValueError as exc:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc
@@ -138,7 +140,12 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             manifest["location"] = spec.location  # whose dataset this is, for other locations reading it
             if raw.get("data_key"):  # what a later run compares to reuse these shards
                 manifest[DATA_KEY] = raw["data_key"]
-            _replace_prefix(s, branch, prefix, out, manifest)
+            moved = put_shards(s, branch, prefix, out, manifest, previous_commit)
+            manifest = strip_carried(manifest)
+        made = [p for p in manifest["parts"] if p["key"] not in {q["key"] for q in (previous or {}).get("parts", [])}]
+        context.log.info(f"{name}: {len(made)} of {len(manifest['parts'])} part(s) sharded"
+                         + (f", the other {len(manifest['parts']) - len(made)} kept from the published version"
+                            if previous else "") + f"; {moved['kept']} shard file(s) kept, {moved['removed']} removed")
         # Check what the store holds now, read back from the staged shard files.
         tables = quality.shard_tables(s, branch, prefix, manifest)
         report = quality.run_suite(f"{name}/shards", spec.expectations.shards(spec), tables).with_failure(
@@ -160,10 +167,12 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     return [raw_dataset, shards]
 
 
-def _shard_table(spec: PipelineSpec, chunks, out: Path, rows: int) -> dict:
+def _shard_table(spec: PipelineSpec, chunks, out: Path, rows: int, *, salt: str, previous: dict | None) -> dict:
     """Classification tables keep shard format v1 (old model versions read them); regression and
-    multi-label tables are written in format v2 with a ``target`` column."""
-    split = dict(seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test))
+    multi-label tables are written in format v2 with a ``target`` column. Both in parts: those of
+    ``previous`` that the new rows hold unchanged are kept (assets/sharding.py)."""
+    split = dict(seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test),
+                 salt=salt, previous=previous)
     if spec.task == "classification":
         return build_shards_from_chunks(
             chunks, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
@@ -292,6 +301,22 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
         return iter_source_chunks(spec, files, rows), described, place.commit
     except SourceError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+
+
+def part_salt(key: dict | None) -> str:
+    """What a table part's key is salted with: the data key's parameters and code (not its sources,
+    whose change is what parts absorb), so any change of how rows become shards makes every part new."""
+    return f"{key.get('parameters', '')}:{key.get('code', '')}" if key else ""
+
+
+def _published_shards(store, prefix: str) -> tuple[str | None, dict | None]:
+    """(main's commit, the shards manifest published there) that a new version builds on, or
+    (None, None) before the first version."""
+    try:
+        commit = store.resolve_ref(MAIN)
+        return commit, json.loads(store.get_object(commit, prefix + "manifest.json"))
+    except RefNotFoundError:
+        return None, None
 
 
 def _publish_dataset(context, store, branch: str, platform: PlatformSettings, name: str, commit_id: str) -> str:

@@ -21,11 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
+from assets.kinds.image_parts import KEY_CHARS, cut_points
+from training_runtime.data.shard_format import FORMAT_V2, NORMALISE_ON_READ, Column, ShardWriter
 
 MANIFEST_FORMAT = "model-factory.shards/v1"
 SPLITS = ("train", "validation", "test")
 ID_BYTES_ESTIMATE = 24  # a typical id's UTF-8 bytes and its 8-byte offset, for sizing v2 shards in bytes
+CARRIED = "carried"  # a shard entry's mark: a previous version's file, kept; dropped before the manifest is published
 
 
 def assign_splits(ids: pd.Series, seed: int, fractions: tuple[float, float, float]) -> np.ndarray:
@@ -59,25 +61,11 @@ class Normalisation:
         return cls(mean=mean.astype(np.float32), std=std.astype(np.float32))
 
     @classmethod
-    def fit_rows(cls, features: np.ndarray, rows: np.ndarray, block_rows: int) -> "Normalisation":
-        """``fit(features[rows])`` without materialising ``features[rows]``: numpy's float64 mean
-        and std over axis 0 add rows one after another, which this repeats block by block (the
-        running total is added into each block's first row), so the result is bit-identical."""
-        dim = features.shape[1]
-        total = np.zeros(dim, dtype=np.float64)
-        for s in range(0, len(rows), block_rows):
-            block = features[rows[s:s + block_rows]].astype(np.float64)
-            block[0] = total + block[0]
-            total = block.sum(axis=0)
-        mean = total / len(rows)
-        sq = np.zeros(dim, dtype=np.float64)
-        for s in range(0, len(rows), block_rows):
-            d = np.subtract(features[rows[s:s + block_rows]], mean, dtype=np.float64)  # one pass: cast and centre
-            d *= d
-            d[0] = sq + d[0]
-            sq = d.sum(axis=0)
-        std = np.sqrt(sq / len(rows))
-        std[std < 1e-12] = 1.0
+    def from_moments(cls, moments: dict, dim: int) -> "Normalisation":
+        """The normalisation of the rows whose merged moments these are (``merge_moments``)."""
+        mean, std = _mean_std(moments) if moments["n"] else (np.zeros(dim), np.ones(dim))
+        std = std.copy()
+        std[std < 1e-12] = 1.0  # constant features (e.g. always-blank pixels) pass through centred
         return cls(mean=mean.astype(np.float32), std=std.astype(np.float32))
 
     def apply(self, features: np.ndarray) -> np.ndarray:
@@ -175,14 +163,21 @@ def build_shards_from_chunks(
     fractions: tuple[float, float, float],
     samples_per_shard: int,
     block_rows: int = 8192,
+    salt: str = "",
+    previous: dict | None = None,
 ) -> dict:
-    """Split, normalise and shard validated data arriving in chunks; return the manifest.
+    """Split and shard validated data arriving in chunks, in parts; return the manifest.
 
     Memory is bounded by a chunk and ``block_rows``, not by the data: features go to a scratch
     file next to the shards as they arrive, only ids and labels (tens of bytes a row) stay in
     memory, and each split's shards are gathered from the memory-mapped scratch file in id order
     and written block by block. Rows are ordered by id, so the order of the source does not
     change the shards.
+
+    The rows are cut into parts (``_write_parts``) and the features are stored as the source gives
+    them, with the normalisation fitted on the training split (merged from each part's moments)
+    applied on read (``NORMALISE_ON_READ``): a part of ``previous`` (the manifest this version
+    builds on) with the same key is kept, its shards neither written nor uploaded again.
     """
     dim = int(np.prod(feature_shape))
     label_index = {name: i for i, name in enumerate(class_names)}
@@ -202,19 +197,19 @@ def build_shards_from_chunks(
         labels = np.concatenate(label_parts) if label_parts else np.array([], dtype=np.int64)
         del ids_parts, label_parts
         order, split_of = _split_rows(ids, seed, fractions)
-        del ids
         features = np.memmap(scratch, dtype=np.float32, mode="r", shape=(n, dim))
-        norm = Normalisation.fit_rows(features, order[split_of == 0], block_rows)
-        splits = {}
-        for code, split in enumerate(SPLITS):
-            rows = order[split_of == code]
-            shards = [_write_shard(out_dir, f"{split}/{i:05d}.bin", features, rows[start:start + samples_per_shard],
-                                   labels[rows[start:start + samples_per_shard]], norm, block_rows)
-                      for i, start in enumerate(range(0, len(rows), samples_per_shard))]
-            splits[split] = {"num_samples": int(len(rows)), "shards": shards}
+
+        def write(rel: str, rows: np.ndarray) -> dict:
+            return _write_shard(out_dir, rel, features, rows, labels[rows], None, block_rows)
+
+        parts = _write_parts(ids, order, split_of, target=samples_per_shard, salt=salt, previous=previous,
+                             content=lambda rows: _row_bytes(rows, block_rows, features, labels), write=write,
+                             samples_per_shard=samples_per_shard,
+                             stats=lambda rows: {"features": _moments(features, rows)})
         del features
     finally:
         scratch.unlink(missing_ok=True)
+    norm = Normalisation.from_moments(merge_moments([p.record["stats"]["features"] for p in parts]), dim)
     return {
         "format": MANIFEST_FORMAT,
         "feature_columns": list(feature_columns),
@@ -225,9 +220,138 @@ def build_shards_from_chunks(
         "class_names": list(class_names),
         "samples_per_shard": samples_per_shard,
         "normalisation": norm.to_dict(),
+        NORMALISE_ON_READ: True,
         "split": {"seed": seed, "fractions": dict(zip(SPLITS, fractions)), "by": id_column or "row content hash"},
-        "splits": splits,
+        "splits": _splits_of(parts),
+        "parts": [p.record for p in parts],
     }
+
+
+# ---------------------------------------------------------------- a table in parts
+# A table's rows, in id order, are cut into parts as an image folder's files are
+# (assets/kinds/image_parts.py: content-defined cuts over the sorted ids, about ``samples_per_shard``
+# rows a part), and each part writes its own shards per split (``<split>/<part name>-<n>.bin``).
+# A part's key is the sha256 of the run's salt (the data key's parameters and code) and its rows'
+# ids and bytes, so rows appended anywhere, or changed or removed, make new parts only where they
+# fall: the other parts' shards are the previous version's files, kept. The shards hold the
+# features as the source gives them; the normalisation comes from the parts' moments (count, mean
+# and sum of squared deviations of the training rows, merged as Chan et al.'s parallel variance)
+# and is applied on read (training_runtime/data/shard_format.py NORMALISE_ON_READ).
+
+
+@dataclass(frozen=True)
+class TablePart:
+    record: dict  # what the manifest keeps of it: key, name, first and last id, its shards and moments
+    entries: dict[str, list[dict]]  # split -> its shards' manifest entries
+
+
+def moments(x: np.ndarray) -> dict:
+    """Count, mean and sum of squared deviations per column of ``x`` (rows x columns), float64."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))
+    if not len(x):
+        return {"n": 0, "mean": [0.0] * x.shape[1], "m2": [0.0] * x.shape[1]}
+    # a non-finite source value gives non-finite figures, which the shard checks report
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = x.mean(axis=0)
+        return {"n": int(len(x)), "mean": mean.tolist(), "m2": ((x - mean) ** 2).sum(axis=0).tolist()}
+
+
+def merge_moments(parts: list[dict]) -> dict:
+    """The moments of the union of the rows of ``parts`` (Chan, Golub and LeVeque's pairwise update)."""
+    n, mean, m2 = 0, None, None
+    for p in parts:
+        if not p["n"]:
+            continue
+        pm, pm2 = np.asarray(p["mean"], dtype=np.float64), np.asarray(p["m2"], dtype=np.float64)
+        if mean is None:
+            n, mean, m2 = p["n"], pm, pm2
+            continue
+        total = n + p["n"]
+        with np.errstate(invalid="ignore", over="ignore"):
+            delta = pm - mean
+            mean = mean + delta * (p["n"] / total)
+            m2 = m2 + pm2 + delta * delta * (n * p["n"] / total)
+        n = total
+    if mean is None:
+        width = len(parts[0]["mean"]) if parts else 0
+        return {"n": 0, "mean": [0.0] * width, "m2": [0.0] * width}
+    return {"n": int(n), "mean": mean.tolist(), "m2": m2.tolist()}
+
+
+def _mean_std(m: dict) -> tuple[np.ndarray, np.ndarray]:
+    n = max(1, m["n"])
+    return np.asarray(m["mean"], dtype=np.float64), np.sqrt(np.maximum(np.asarray(m["m2"], dtype=np.float64), 0) / n)
+
+
+MOMENT_ROWS = 4096  # rows a part's moments are taken over at a time, then merged
+
+
+def _moments(values: np.ndarray, rows: np.ndarray) -> dict:
+    """``moments(values[rows])``, gathered ``MOMENT_ROWS`` at a time and merged: a fixed block, not
+    the reader's chunk size, so the figures depend on the rows alone (the same bits however the
+    source was read)."""
+    return merge_moments([moments(values[rows[s:s + MOMENT_ROWS]]) for s in range(0, len(rows), MOMENT_ROWS)]
+                         or [moments(values[rows[:0]])])
+
+
+def _row_bytes(rows: np.ndarray, block_rows: int, *columns: np.ndarray):
+    """The bytes of ``rows`` of each column, ``block_rows`` at a time (what a part's key hashes)."""
+    for column in columns:
+        for s in range(0, len(rows), block_rows):
+            yield np.ascontiguousarray(column[rows[s:s + block_rows]]).data
+
+
+def _write_parts(ids: np.ndarray, order: np.ndarray, split_of: np.ndarray, *, target: int, salt: str,
+                 previous: dict | None, content, write, samples_per_shard: int, stats) -> list[TablePart]:
+    """Cut the rows (``order``: positions in id order; ``split_of``: each one's split code) into
+    parts, keep those of ``previous`` with the same key and write the others' shards with
+    ``write(rel, rows)``; ``content(rows)`` gives the bytes a part's key hashes and ``stats(rows)``
+    the moments of its training rows."""
+    kept = _previous_parts(previous)
+    sorted_ids = ids[order]
+    parts, start = [], 0
+    for stop in (cut_points(sorted_ids, target) if len(order) else []):  # ids one at a time: no list of them all
+        rows, codes = order[start:stop], split_of[start:stop]
+        members = hashlib.sha256("\0".join(sorted_ids[start:stop].tolist()).encode())
+        for data in content(rows):
+            members.update(data)
+        digest = members.hexdigest()
+        key = hashlib.sha256(f"{salt}\0{digest}".encode()).hexdigest()
+        name = digest[:KEY_CHARS]
+        if key in kept:
+            parts.append(kept[key])
+        else:
+            entries = {}
+            for code, split in enumerate(SPLITS):
+                mine = rows[codes == code]
+                entries[split] = [write(f"{split}/{name}-{i:05d}.bin", mine[s:s + samples_per_shard])
+                                  for i, s in enumerate(range(0, len(mine), samples_per_shard))]
+            record = {"key": key, "name": name, "first_id": str(sorted_ids[start]),
+                      "last_id": str(sorted_ids[stop - 1]), "rows": int(stop - start),
+                      "splits": {s: {"num_samples": sum(e["num_samples"] for e in es),
+                                     "shards": [e["path"] for e in es]} for s, es in entries.items()},
+                      "stats": stats(rows[codes == 0])}
+            parts.append(TablePart(record, entries))
+        start = stop
+    return parts
+
+
+def _previous_parts(previous: dict | None) -> dict[str, TablePart]:
+    """The parts of the manifest a version builds on, by key, each shard entry marked ``CARRIED``
+    (a manifest written before parts, or with its features normalised in the shards, has none)."""
+    if not previous or not previous.get(NORMALISE_ON_READ):
+        return {}
+    by_path = {e["path"]: e for info in previous["splits"].values() for e in info["shards"]}
+    return {r["key"]: TablePart(r, {s: [{**by_path[p], CARRIED: True} for p in info["shards"]]
+                                    for s, info in r["splits"].items()})
+            for r in previous.get("parts", [])}
+
+
+def _splits_of(parts: list[TablePart]) -> dict:
+    """The manifest's splits: every part's shards, parts in id order."""
+    return {s: {"num_samples": sum(p.record["splits"][s]["num_samples"] for p in parts),
+                "shards": [e for p in parts for e in p.entries[s]]} for s in SPLITS}
 
 
 def _split_rows(ids: np.ndarray, seed: int, fractions: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -275,17 +399,19 @@ def build_target_shards_from_chunks(
     samples_per_shard: int,
     block_rows: int = 8192,
     target_range: tuple[float, float] | None = None,
+    salt: str = "",
+    previous: dict | None = None,
 ) -> dict:
     """``build_shards_from_chunks`` for regression and multi-label tables, in shard format v2.
 
     ``chunks`` hold (features, targets, ids or None): targets are one number per row (regression;
     ``target_names`` is the label column) or rows of 0/1 (multilabel; ``target_names`` are the
     label columns). Features and targets go to scratch files as they arrive and only ids stay in
-    memory; the split, the order by id and the normalisation of the features (fitted on the
-    training split) are those of v1. A shard is assembled in memory before it is written, so
-    memory holds one shard (``samples_per_shard`` samples) at a time. Regression targets are
-    stored in the source's units; the manifest's ``target_normalisation`` is the training
-    split's mean and standard deviation of them, for the trainer to apply.
+    memory; the split, the order by id, the parts and the normalisation of the features (fitted on
+    the training split, applied on read) are those of v1. A shard is assembled in memory before it
+    is written, so memory holds one shard (``samples_per_shard`` samples) at a time. Regression
+    targets are stored in the source's units; the manifest's ``target_normalisation`` is the
+    training split's mean and standard deviation of them, for the trainer to apply.
     """
     columns = target_columns(task, feature_shape, len(target_names))
     dim = int(np.prod(feature_shape))
@@ -309,25 +435,24 @@ def build_target_shards_from_chunks(
         order, split_of = _split_rows(ids, seed, fractions)
         features = np.memmap(scratch, dtype=np.float32, mode="r", shape=(n, dim))
         targets = np.memmap(target_scratch, dtype=np.float32, mode="r", shape=(n, width))
-        train_rows = order[split_of == 0]
-        norm = Normalisation.fit_rows(features, train_rows, block_rows)
         writer = ShardWriter(columns)
-        splits = {}
-        for code, split in enumerate(SPLITS):
-            rows = order[split_of == code]
-            shards = []
-            for i, start in enumerate(range(0, len(rows), samples_per_shard)):
-                part = rows[start:start + samples_per_shard]
-                x = features[part]  # a copy, normalised in place (the same float32 arithmetic as apply)
-                x -= norm.mean
-                x /= norm.std
-                y = targets[part]
-                rel = f"{split}/{i:05d}.bin"
-                shards.append(writer.write(out_dir / rel, rel, {
-                    "features": x.reshape(len(part), *feature_shape),
-                    "target": y[:, 0] if task == "regression" else y,
-                    "id": ids[part].tolist()}))
-            splits[split] = {"num_samples": int(len(rows)), "shards": shards}
+
+        def write(rel: str, rows: np.ndarray) -> dict:  # one shard in memory at a time
+            y = targets[rows]
+            return writer.write(out_dir / rel, rel, {"features": features[rows].reshape(len(rows), *feature_shape),
+                                                     "target": y[:, 0] if task == "regression" else y,
+                                                     "id": ids[rows].tolist()})
+
+        def stats(rows: np.ndarray) -> dict:
+            out = {"features": _moments(features, rows)}
+            if task == "regression":
+                out["target"] = _moments(targets, rows)
+            return out
+
+        parts = _write_parts(ids, order, split_of, target=samples_per_shard, salt=salt, previous=previous,
+                             content=lambda rows: _row_bytes(rows, block_rows, features, targets), write=write,
+                             samples_per_shard=samples_per_shard, stats=stats)
+        norm = Normalisation.from_moments(merge_moments([q.record["stats"]["features"] for q in parts]), dim)
         manifest = {
             "format": FORMAT_V2,
             "kind": "table",
@@ -337,13 +462,16 @@ def build_target_shards_from_chunks(
             "feature_shape": list(feature_shape),
             "samples_per_shard": samples_per_shard,
             "normalisation": norm.to_dict(),
+            NORMALISE_ON_READ: True,
             "split": {"seed": seed, "fractions": dict(zip(SPLITS, fractions)),
                       "by": id_column or "row content hash"},
-            "splits": splits,
+            "splits": _splits_of(parts),
+            "parts": [q.record for q in parts],
         }
         if task == "regression":
             manifest["target_column"] = target_names[0]
-            manifest["target_normalisation"] = _target_normalisation(targets[train_rows, 0])
+            manifest["target_normalisation"] = _target_normalisation(
+                merge_moments([q.record["stats"]["target"] for q in parts]))
             if target_range is not None:
                 manifest["target_range"] = [float(target_range[0]), float(target_range[1])]
         else:
@@ -356,12 +484,12 @@ def build_target_shards_from_chunks(
     return manifest
 
 
-def _target_normalisation(train_targets: np.ndarray) -> dict:
+def _target_normalisation(moments: dict) -> dict:
     """Mean and standard deviation of the training split's regression targets (float64 over the
-    float32 values the shards hold); a constant target keeps std 1 so the trainer only centres it."""
-    y = np.asarray(train_targets, dtype=np.float64)
-    std = float(y.std())
-    return {"mean": float(y.mean()), "std": std if std >= 1e-12 else 1.0}
+    float32 values the shards hold, merged from the parts' moments); a constant target keeps std 1
+    so the trainer only centres it."""
+    mean, std = _mean_std(moments)
+    return {"mean": float(mean[0]), "std": float(std[0]) if std[0] >= 1e-12 else 1.0}
 
 
 def _target_content_ids(features: np.ndarray, targets: np.ndarray, feature_columns, target_names) -> np.ndarray:

@@ -22,7 +22,7 @@ from PIL import Image
 from assets.kinds.image_decode import BACKGROUND, load_function, preprocessing_code_sha256, sample_shape
 from assets.kinds.image_parts import INDEX_NAME, read_index
 from assets.kinds.image_pool import WorkerPool, preprocess_task, task_size, workers_for
-from assets.sharding import SPLITS, assign_splits
+from assets.sharding import CARRIED, SPLITS, assign_splits
 from core.spec import ImagePreprocessing, PipelineSpec
 from training_runtime.data.shard_format import FORMAT_V2, Column, ShardWriter
 
@@ -195,7 +195,6 @@ def carried_shards(manifest: dict) -> set[str]:
     return {e["path"] for info in manifest["splits"].values() for e in info["shards"] if e.get(CARRIED)}
 
 
-CARRIED = "carried"  # a shard entry's mark, dropped before the manifest is published
 
 
 def _carried(entries: dict[str, dict], path: str) -> dict:

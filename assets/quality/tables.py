@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from assets.sharding import SPLITS, decode_shard
-from training_runtime.data.shard_format import FORMAT_V2, ShardColumns, columns_from_manifest
+from training_runtime.data.shard_format import FORMAT_V2, NORMALISE_ON_READ, ShardColumns, columns_from_manifest
 
 
 def label_text(value) -> str:
@@ -105,6 +105,7 @@ def shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.D
     if manifest.get("format") == FORMAT_V2:
         return _target_shard_tables(store, ref, prefix, manifest)
     shape = tuple(manifest["feature_shape"])
+    norm = _read_normalisation(manifest)
     parts, checksums = [], {}
     for split in SPLITS:
         info = manifest["splits"].get(split, {"num_samples": 0, "shards": []})
@@ -114,7 +115,7 @@ def shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.D
             checksums_ok &= hashlib.sha256(data).hexdigest() == entry["sha256"]
             features, labels = decode_shard(data, entry["num_samples"], shape)
             parts.append(pd.DataFrame({"split": split, "label": labels.astype(np.int64),
-                                       **_feature_figures(features, len(labels))}))
+                                       **_feature_figures(features, len(labels), norm)}))
         checksums[split] = checksums_ok
     samples = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         {"split": pd.Series(dtype=str), "label": pd.Series(dtype="int64"), "finite": pd.Series(dtype=bool),
@@ -123,9 +124,26 @@ def shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[str, pd.D
     return {"samples": samples, "splits": _split_table(manifest, checksums)}
 
 
-def _feature_figures(features: np.ndarray, n: int) -> dict[str, np.ndarray]:
-    """Per sample: whether every feature is finite, and the largest absolute (finite) feature."""
-    flat = features.reshape(n, -1).astype(np.float64)
+def _read_normalisation(manifest: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """The (mean, std) a reader applies to shards that hold the source's values, as the manifest
+    says them: non-finite figures (a source with non-finite values) make non-finite samples, which
+    the checks report, where the trainer's reader would refuse the manifest."""
+    if not manifest.get(NORMALISE_ON_READ):
+        return None
+    norm = manifest["normalisation"]
+    return np.asarray(norm["mean"], dtype=np.float32), np.asarray(norm["std"], dtype=np.float32)
+
+
+def _feature_figures(features: np.ndarray, n: int, norm: tuple[np.ndarray, np.ndarray] | None = None
+                     ) -> dict[str, np.ndarray]:
+    """Per sample: whether every feature is finite, and the largest absolute (finite) feature, as
+    the trainer reads it (``norm``: the (mean, std) a reader applies to shards that hold the
+    source's values)."""
+    flat = features.reshape(n, -1)
+    if norm is not None:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            flat = (flat - norm[0]) / norm[1]
+    flat = flat.astype(np.float64)
     finite = np.isfinite(flat).all(axis=1)
     with np.errstate(invalid="ignore"):
         max_abs = np.where(finite, np.abs(np.nan_to_num(flat, posinf=0, neginf=0)).max(axis=1, initial=0.0), np.inf)
@@ -149,6 +167,7 @@ def _target_shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[s
     from the store to a temporary file and read the way the trainer reads it
     (``training_runtime.data.shard_format.ShardColumns``); one at a time, so memory holds one shard."""
     columns = columns_from_manifest(manifest)
+    norm = _read_normalisation(manifest)
     multilabel = manifest["task"] == "multilabel"
     names = list(manifest.get("target_names") or [])
     positives = {split: np.zeros(len(names), dtype=np.int64) for split in SPLITS}
@@ -162,7 +181,7 @@ def _target_shard_tables(store, ref: str, prefix: str, manifest: dict) -> dict[s
                 checksums_ok &= _sha256(path) == entry["sha256"]
                 shard = ShardColumns(path, entry, columns)
                 n = shard.num_samples
-                table = {"split": split, **_feature_figures(shard.arrays["features"], n)}
+                table = {"split": split, **_feature_figures(shard.arrays["features"], n, norm)}
                 target = np.asarray(shard.arrays["target"], dtype=np.float64)
                 if multilabel:
                     table["target_binary"] = ((target == 0) | (target == 1)).all(axis=1)

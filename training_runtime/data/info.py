@@ -50,7 +50,7 @@ class DataInfo:
     vocab_size: int | None  # text
     pad_id: int | None
     eos_id: int | None
-    normalisation: Mapping | None  # table features: {"mean", "std"} applied when sharding
+    normalisation: Mapping | None  # table features: {"mean", "std"}, in the shards or applied on read
     target_normalisation: Mapping | None  # regression: {"mean", "std"} of the training split's targets
 
     @classmethod

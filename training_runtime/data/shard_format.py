@@ -38,6 +38,14 @@ KINDS = ("ndarray", "bytes", "str")
 ROLES = ("input", "target", "id", "extra")
 
 
+# A table manifest with this key true holds its features as the source gave them: the manifest's
+# ``normalisation`` (the training split's mean and std) is applied when samples are read, not
+# baked into the shards. So a shard's bytes depend on its own rows only, and a version that adds
+# rows keeps the shards it shares with the previous one, whose statistics then change
+# (assets/sharding.py). Manifests without the key hold normalised features, as before.
+NORMALISE_ON_READ = "normalise_on_read"
+
+
 class ShardFormatError(ValueError):
     """A column declaration, a batch of samples or a shard file that does not fit the format."""
 
@@ -131,6 +139,25 @@ def _v1_splits(v1_splits: Mapping, shape: tuple[int, ...], feature_bytes: int) -
     except KeyError as e:
         raise ShardFormatError(f"v1 manifest: a split or shard entry has no {e.args[0]!r}") from e
     return splits
+
+
+def read_normalisation(manifest: Mapping) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Column -> (mean, std), float32 over the flattened sample, that a reader applies as
+    ``(x - mean) / std`` (the float32 arithmetic the shards of older manifests were written with);
+    empty unless the manifest says ``NORMALISE_ON_READ``."""
+    if not manifest.get(NORMALISE_ON_READ):
+        return {}
+    norm = manifest.get("normalisation") or {}
+    try:
+        mean, std = (np.asarray(norm[k], dtype=np.float32).reshape(-1) for k in ("mean", "std"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ShardFormatError(f"manifest says {NORMALISE_ON_READ} but its normalisation {norm!r} has no "
+                               "mean and std lists") from e
+    width = math.prod(int(d) for d in manifest.get("feature_shape") or [len(mean)])
+    if mean.shape != (width,) or std.shape != (width,) or not (np.isfinite(mean).all() and (std > 0).all()):
+        raise ShardFormatError(f"manifest normalisation needs {width} finite means and positive stds "
+                               f"(got {mean.shape[0]} and {std.shape[0]})")
+    return {"features": (mean, std)}
 
 
 def columns_from_manifest(manifest: Mapping) -> list[Column]:

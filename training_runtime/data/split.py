@@ -25,6 +25,7 @@ from training_runtime.data.shard_format import (
     ShardFormatError,
     as_v2,
     columns_from_manifest,
+    read_normalisation,
 )
 from training_runtime.data.cache import Schedule, ShardCache, ShardRef
 from training_runtime.data.shards import DataError
@@ -73,6 +74,10 @@ class TypedSplit:
             self.columns = {c.name: c for c in columns_from_manifest(manifest)}
         except (ShardFormatError, KeyError) as e:
             raise DataError(f"manifest columns are invalid: {e}") from e
+        try:  # a table whose shards hold its features raw: normalised as they are gathered
+            self._normalise = read_normalisation(manifest)
+        except ShardFormatError as e:
+            raise DataError(str(e)) from e
         if split not in manifest["splits"]:
             raise DataError(f"manifest has no split {split!r}; it has {sorted(manifest['splits'])}")
         self.name = split
@@ -241,6 +246,11 @@ class TypedSplit:
         if col.kind == "ndarray":
             dest = self._output(col, n, (out or {}).get(name))
             self._rows[name].take(plan, dest)
+            if n and name in self._normalise:  # in place, as the shards of older manifests were written
+                mean, std = self._normalise[name]
+                flat = dest.reshape(n, -1)
+                flat -= mean
+                flat /= std
             result[name] = dest
         else:
             result[name] = self._gather_bytes(name, plan, name in views)
