@@ -30,6 +30,8 @@ from typing import Any
 from kubernetes.client import ApiClient, V1Job, V1JobCondition, V1JobStatus, V1ObjectMeta, V1PodList
 from kubernetes.client.exceptions import ApiException
 
+from tests.k8s.local_cluster import _not_found  # the API server's 404, as the training Jobs' stand-in answers it
+
 
 @dataclass
 class StepPod:
@@ -165,12 +167,6 @@ class StepPodCluster:
     def close(self) -> None:
         for pod in list(self.pods.values()):
             self.end(pod, grace_s=5.0)
-
-
-def _not_found(kind: str, name: str) -> ApiException:
-    exc = ApiException(status=404, reason="Not Found")
-    exc.body = f'{kind} "{name}" not found'
-    return exc
 
 
 class _BatchApi:
