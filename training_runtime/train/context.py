@@ -457,7 +457,7 @@ class TrainingContext:
             d.partitions, d.shuffle_block = partitions, block
 
     # ------------------------------------------------------------ reporting
-    def gang_figures(self) -> dict[str, int]:
+    def _gang_figures(self) -> dict[str, int]:
         """What every telemetry message of an elastic gang adds: the ranks of the group that trains
         now. Each message is a point of the live plots (and a TensorBoard scalar), so a resize shows
         there as a step in ``world_size`` at the step it resumed from. Empty for a fixed gang,
@@ -472,7 +472,7 @@ class TrainingContext:
         if self.is_main:
             if self.attempt_log is not None:  # kept per attempt: metrics.json lists every attempt's
                 self.attempt_log.add_reported(entry)
-            self.reporter.custom({"kind": "telemetry", **entry, **self.gang_figures()})
+            self.reporter.custom({"kind": "telemetry", **entry, **self._gang_figures()})
         self.guards.beat(int(step))
         self.guards.check_reported(int(step), metrics)
         if self.fault:

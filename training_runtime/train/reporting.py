@@ -197,7 +197,7 @@ class IntervalReporter:
             "per_rank_step_time_s": [t / max(1, steps) for t in times],
             "per_rank_compute_time_s": [r[10] / max(1, r[5]) for r in per_rank],
             "per_rank_data_wait_share": [w / max(1e-12, t) for t, w in ranks],
-            **gpu, **sample, **self.ctx.gang_figures()})
+            **gpu, **sample, **self.ctx._gang_figures()})
 
     # ------------------------------------------------------------ metrics.json
     def metrics(self, step: int, attempt_steps: int, resumed: int | None) -> dict[str, Any]:

@@ -75,7 +75,9 @@ def user_metrics(ctx: TrainingContext) -> dict[str, Any]:
     reported = [{k: _plain(v) for k, v in r.items()} for r in ctx.reported]
     losses = [[r["step"], float(r["loss"])] for r in reported
               if isinstance(r.get("loss"), (int, float)) and not isinstance(r.get("loss"), bool)]
-    steps = max(r["step"] for r in reported)
+    # A group restarted after the last step (a node joined as the training ended) resumes there and
+    # reports nothing: its steps are the checkpoint's.
+    steps = max((r["step"] for r in reported), default=ctx.resumed_from_step or 0)
     trained = steps - (ctx.resumed_from_step or 0)  # this attempt's steps, in the time it took
     return {
         "final_loss": losses[-1][1] if losses else None,
