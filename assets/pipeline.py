@@ -142,7 +142,8 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                 manifest[DATA_KEY] = raw["data_key"]
             moved = put_shards(s, branch, prefix, out, manifest, previous_commit)
             manifest = strip_carried(manifest)
-        made = [p for p in manifest["parts"] if p["key"] not in {q["key"] for q in (previous or {}).get("parts", [])}]
+        published = {q["key"] for q in (previous or {}).get("parts", [])}
+        made = [p for p in manifest["parts"] if p["key"] not in published]
         context.log.info(f"{name}: {len(made)} of {len(manifest['parts'])} part(s) sharded"
                          + (f", the other {len(manifest['parts']) - len(made)} kept from the published version"
                             if previous else "") + f"; {moved['kept']} shard file(s) kept, {moved['removed']} removed")

@@ -192,6 +192,10 @@ def test_a_version_with_appended_rows_commits_only_the_new_parts_shards(platform
     before, after = (json.loads(store.get_object(tags[v], prefix + "manifest.json")) for v in (1, 2))
     new = {p["key"] for p in after["parts"]} - {p["key"] for p in before["parts"]}
     gone = {p["key"] for p in before["parts"]} - {p["key"] for p in after["parts"]}
+    # Only the last part can change (it ends at the data's end, unless a cut fell there): the new rows
+    # extend it, and the cut rule (at least a quarter of samples_per_shard rows between cuts) allows
+    # at most two more cuts in 30 rows.
+    assert gone <= {before["parts"][-1]["key"]}, "an append after the last id rewrote parts before the last"
     assert 1 <= len(new) <= 3 and len(after["parts"]) >= 30
 
     def files(manifest: dict, keys: set[str]) -> set[str]:
