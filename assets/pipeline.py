@@ -141,16 +141,23 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             if raw.get("data_key"):  # what a later run compares to reuse these shards
                 manifest[DATA_KEY] = raw["data_key"]
             moved = put_shards(s, branch, prefix, out, manifest, previous_commit)
-            manifest = strip_carried(manifest)
         published = {q["key"] for q in (previous or {}).get("parts", [])}
         made = [p for p in manifest["parts"] if p["key"] not in published]
         context.log.info(f"{name}: {len(made)} of {len(manifest['parts'])} part(s) sharded"
                          + (f", the other {len(manifest['parts']) - len(made)} kept from the published version"
                             if previous else "") + f"; {moved['kept']} shard file(s) kept, {moved['removed']} removed")
-        # Check what the store holds now, read back from the staged shard files.
-        tables = quality.shard_tables(s, branch, prefix, manifest)
-        report = quality.run_suite(f"{name}/shards", spec.expectations.shards(spec), tables).with_failure(
-            quality.untrained_labels(tables))
+        # Check what the store holds now: the staged shard files read back, the kept ones by their
+        # parts' summaries where the suite allows (assets/quality/tables.py shard_tables).
+        suite = spec.expectations.shards(spec)
+        read = quality.shard_tables(s, branch, prefix, manifest, suite)
+        manifest = strip_carried(manifest)
+        context.log.info(f"{name}: shard checks on {read.read} shard file(s) read back"
+                         + (f" and {read.summarised} kept one(s) counted by their parts' summaries" if read.summarised
+                            else "") + (f"; kept shards read back too: {read.why_read_kept}" if read.why_read_kept
+                                        else ""))
+        report = quality.run_suite(f"{name}/shards", suite, read.tables)
+        for failure in [*read.failures, quality.untrained_labels(read.tables)]:
+            report = report.with_failure(failure)
         commit_id = _commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
                                     raw_commit=raw["commit_id"])
         counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}

@@ -28,6 +28,10 @@ MANIFEST_FORMAT = "model-factory.shards/v1"
 SPLITS = ("train", "validation", "test")
 ID_BYTES_ESTIMATE = 24  # a typical id's UTF-8 bytes and its 8-byte offset, for sizing v2 shards in bytes
 CARRIED = "carried"  # a shard entry's mark: a previous version's file, kept; dropped before the manifest is published
+# A part record's figures for the shard checks of later versions that keep it: its features'
+# extremes and non-finite rows, and its labels per split (regression: its targets' extremes;
+# multi-label: positives per label and split, rows not 0/1).
+SUMMARY = "summary"
 
 
 def assign_splits(ids: pd.Series, seed: int, fractions: tuple[float, float, float]) -> np.ndarray:
@@ -202,10 +206,14 @@ def build_shards_from_chunks(
         def write(rel: str, rows: np.ndarray) -> dict:
             return _write_shard(out_dir, rel, features, rows, labels[rows], None, block_rows)
 
+        def summary(rows: np.ndarray, codes: np.ndarray) -> dict:
+            return {"features": _extremes(features, rows),
+                    "labels": {split: _counts(labels[rows[codes == c]]) for c, split in enumerate(SPLITS)}}
+
         parts = _write_parts(ids, order, split_of, target=samples_per_shard, salt=salt, previous=previous,
                              content=lambda rows: _row_bytes(rows, block_rows, features, labels), write=write,
                              samples_per_shard=samples_per_shard,
-                             stats=lambda rows: {"features": _moments(features, rows)})
+                             stats=lambda rows: {"features": _moments(features, rows)}, summary=summary)
         del features
     finally:
         scratch.unlink(missing_ok=True)
@@ -295,6 +303,30 @@ def _moments(values: np.ndarray, rows: np.ndarray) -> dict:
                          or [moments(values[rows[:0]])])
 
 
+def _extremes(values: np.ndarray, rows: np.ndarray) -> dict:
+    """Over ``values[rows]`` (rows x columns): the rows holding a non-finite value, and per column
+    the least and greatest value of the other rows (float32, as the shards hold them; +inf and
+    -inf when none). Normalising is monotone per column, so a later normalisation's largest
+    absolute value over these rows is at one of the two: the shard checks of a version that keeps
+    this part compute it from them (assets/quality/tables.py)."""
+    width = int(np.prod(values.shape[1:]))
+    low, high, nonfinite = np.full(width, np.inf, np.float32), np.full(width, -np.inf, np.float32), 0
+    for s in range(0, len(rows), MOMENT_ROWS):
+        block = np.asarray(values[rows[s:s + MOMENT_ROWS]], dtype=np.float32).reshape(-1, width)
+        finite = np.isfinite(block).all(axis=1)
+        nonfinite += int((~finite).sum())
+        if finite.any():
+            low = np.minimum(low, block[finite].min(axis=0))
+            high = np.maximum(high, block[finite].max(axis=0))
+    return {"min": low.tolist(), "max": high.tolist(), "nonfinite": nonfinite}
+
+
+def _counts(labels: np.ndarray) -> dict[str, int]:
+    """Rows per label code, the codes as text (JSON keys)."""
+    values, counts = np.unique(labels, return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
 def _row_bytes(rows: np.ndarray, block_rows: int, *columns: np.ndarray):
     """The bytes of ``rows`` of each column, ``block_rows`` at a time (what a part's key hashes)."""
     for column in columns:
@@ -303,11 +335,12 @@ def _row_bytes(rows: np.ndarray, block_rows: int, *columns: np.ndarray):
 
 
 def _write_parts(ids: np.ndarray, order: np.ndarray, split_of: np.ndarray, *, target: int, salt: str,
-                 previous: dict | None, content, write, samples_per_shard: int, stats) -> list[TablePart]:
+                 previous: dict | None, content, write, samples_per_shard: int, stats, summary) -> list[TablePart]:
     """Cut the rows (``order``: positions in id order; ``split_of``: each one's split code) into
     parts, keep those of ``previous`` with the same key and write the others' shards with
-    ``write(rel, rows)``; ``content(rows)`` gives the bytes a part's key hashes and ``stats(rows)``
-    the moments of its training rows."""
+    ``write(rel, rows)``; ``content(rows)`` gives the bytes a part's key hashes, ``stats(rows)``
+    the moments of its training rows and ``summary(rows, codes)`` what the shard checks of a later
+    version need of it without reading its shards back (``SUMMARY``)."""
     kept = _previous_parts(previous)
     sorted_ids = ids[order]
     parts, start = [], 0
@@ -331,7 +364,7 @@ def _write_parts(ids: np.ndarray, order: np.ndarray, split_of: np.ndarray, *, ta
                       "last_id": str(sorted_ids[stop - 1]), "rows": int(stop - start),
                       "splits": {s: {"num_samples": sum(e["num_samples"] for e in es),
                                      "shards": [e["path"] for e in es]} for s, es in entries.items()},
-                      "stats": stats(rows[codes == 0])}
+                      "stats": stats(rows[codes == 0]), SUMMARY: summary(rows, codes)}
             parts.append(TablePart(record, entries))
         start = stop
     return parts
@@ -449,9 +482,19 @@ def build_target_shards_from_chunks(
                 out["target"] = _moments(targets, rows)
             return out
 
+        def summary(rows: np.ndarray, codes: np.ndarray) -> dict:
+            out = {"features": _extremes(features, rows)}
+            if task == "regression":
+                out["target"] = _extremes(targets, rows)
+            else:
+                out["positives"] = {split: (targets[rows[codes == c]] == 1).sum(axis=0).astype(int).tolist()
+                                    for c, split in enumerate(SPLITS)}
+                out["nonbinary"] = int((~((targets[rows] == 0) | (targets[rows] == 1)).all(axis=1)).sum())
+            return out
+
         parts = _write_parts(ids, order, split_of, target=samples_per_shard, salt=salt, previous=previous,
                              content=lambda rows: _row_bytes(rows, block_rows, features, targets), write=write,
-                             samples_per_shard=samples_per_shard, stats=stats)
+                             samples_per_shard=samples_per_shard, stats=stats, summary=summary)
         norm = Normalisation.from_moments(merge_moments([q.record["stats"]["features"] for q in parts]), dim)
         manifest = {
             "format": FORMAT_V2,

@@ -207,6 +207,11 @@ def test_a_version_with_appended_rows_commits_only_the_new_parts_shards(platform
     assert {path for path, kind in diff if kind == "added"} == files(after, new) - files(before, gone)
     logs = [e.message for e in platform.instance.all_logs(second.run_id) if "part(s) sharded" in (e.message or "")]
     assert logs and f"{len(new)} of {len(after['parts'])} part(s) sharded" in logs[0]
+    # the checks read back the new parts' files alone; the kept ones count by their parts' summaries
+    checked = [e.message for e in platform.instance.all_logs(second.run_id) if "shard checks on" in (e.message or "")]
+    all_files = sum(len(i["shards"]) for i in after["splits"].values())
+    assert checked == [f"ledger: shard checks on {len(files(after, new))} shard file(s) read back and "
+                       f"{all_files - len(files(after, new))} kept one(s) counted by their parts' summaries"]
 
     # read back as the trainer reads it: every row once, normalised with the grown split's figures
     from training_runtime.data.split import open_split
@@ -218,3 +223,180 @@ def test_a_version_with_appended_rows_commits_only_the_new_parts_shards(platform
     np.testing.assert_allclose(got.mean(axis=0), 0, atol=1e-5)
     np.testing.assert_allclose(got.std(axis=0), 1, rtol=1e-4)
     assert split.num_samples == int((assign_splits(LEDGER["frame"]["id"], 7, (0.8, 0.1, 0.1)) == 0).sum())
+
+
+# ---------------------------------------------------------------- the shard checks of a version in parts
+class _Folder:
+    """The store's two reads the shard checks use, over a local folder; it counts what is read."""
+
+    def __init__(self, root: Path):
+        self.root, self.read = root, []
+
+    def get_object(self, ref: str, path: str) -> bytes:
+        self.read.append(path)
+        return (self.root / path).read_bytes()
+
+    def download(self, ref: str, path: str, dest: Path) -> Path:
+        import shutil
+
+        self.read.append(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copyfile(self.root / path, dest))
+
+
+def _version_folder(tmp_path: Path, name: str, *manifests_dirs: Path) -> Path:
+    """One folder holding every version's shard files, as a branch holds the kept and new ones."""
+    import shutil
+
+    folder = tmp_path / name
+    for d in manifests_dirs:
+        shutil.copytree(d, folder, dirs_exist_ok=True)
+    return folder
+
+
+def _suite(spec_classes=3, max_abs: float = 1e3):
+    from core.expectations import standard_shard_expectations
+    from pipelines.api import dataset_pipeline
+
+    spec = dataset_pipeline("parts", source=lambda: None, features=list(FEATURES), label="label",
+                            classes=range(spec_classes), id_column="id")
+    return standard_shard_expectations(spec, max_abs_feature=max_abs)
+
+
+def _check(store, manifest: dict, suite) -> tuple:
+    from assets import quality
+
+    read = quality.shard_tables(store, "branch", "", manifest, suite)
+    report = quality.run_suite("parts/shards", suite, read.tables)
+    for failure in read.failures:
+        report = report.with_failure(failure)
+    return read, report
+
+
+def test_the_checks_read_back_only_the_new_parts_shards_and_judge_the_version_whole(tmp_path):
+    first = _build(_frame(range(2000)), tmp_path / "v1")
+    second = _build(_frame(range(2020)), tmp_path / "v2", previous=first)
+    folder = _version_folder(tmp_path, "branch", tmp_path / "v1", tmp_path / "v2")
+    suite = _suite()
+
+    store = _Folder(folder)
+    read, report = _check(store, second, suite)
+    new = set(_entries(second)) - {e["path"] for i in second["splits"].values() for e in i["shards"] if e.get(CARRIED)}
+    assert set(store.read) == new and read.read == len(new) and read.summarised == len(_entries(second)) - len(new)
+    assert read.why_read_kept is None and report.passed, report.failures
+
+    # the same figures a read of every shard gives: which splits and labels, the largest value
+    whole_store = _Folder(folder)
+    whole, whole_report = _check(whole_store, _published(second), suite)
+    assert set(whole_store.read) == set(_entries(second)) and whole_report.passed
+    got, every = read.tables["samples"], whole.tables["samples"]
+    assert got["max_abs"].max() == every["max_abs"].max()
+    for column in ("split", "label", "train_label", "finite"):
+        assert set(got[column].dropna()) == set(every[column].dropna())
+    pd.testing.assert_frame_equal(read.tables["splits"], whole.tables["splits"])
+
+
+def test_a_kept_part_is_judged_under_the_new_versions_normalisation(tmp_path):
+    """Rows appended at one value shrink the training split's spread: the kept parts' rows, read
+    as the trainer reads them, then lie further from the mean, and a bound they met in the first
+    version fails in the second, judged from their extremes without reading them."""
+    frame = _frame(range(2000))
+    first = _build(frame, tmp_path / "v1")
+    grown = pd.concat([frame, _frame(range(2000, 4000))], ignore_index=True)
+    grown.loc[2000:, list(FEATURES)] = frame[list(FEATURES)].mean().to_numpy()
+    second = _build(grown, tmp_path / "v2", previous=first)
+    folder = _version_folder(tmp_path, "branch", tmp_path / "v1", tmp_path / "v2")
+    whole, _ = _check(_Folder(folder), _published(first), _suite())
+    bound = float(whole.tables["samples"]["max_abs"].max()) * 1.2  # the first version's largest, and some
+
+    _, first_report = _check(_Folder(folder), first, _suite(max_abs=bound))
+    assert first_report.passed, first_report.failures
+    store = _Folder(folder)
+    read, report = _check(store, second, _suite(max_abs=bound))
+    assert read.summarised > 0 and not report.passed
+    assert any("max_abs" in f for f in report.failures), report.failures
+    made = sum(e["num_samples"] for i in second["splits"].values() for e in i["shards"] if not e.get(CARRIED))
+    summary_rows = read.tables["samples"].iloc[made:]  # after the rows read back
+    assert len(summary_rows) and summary_rows["max_abs"].max() > bound
+    whole, _ = _check(_Folder(folder), _published(second), _suite())
+    assert read.tables["samples"]["max_abs"].max() == whole.tables["samples"]["max_abs"].max()
+
+
+def test_a_bad_new_shard_fails_the_gate_naming_it(tmp_path):
+    first = _build(_frame(range(2000)), tmp_path / "v1")
+    second = _build(_frame(range(2020)), tmp_path / "v2", previous=first)
+    folder = _version_folder(tmp_path, "branch", tmp_path / "v1", tmp_path / "v2")
+    bad = next(e["path"] for e in second["splits"]["train"]["shards"] if not e.get(CARRIED))
+    data = bytearray((folder / bad).read_bytes())
+    data[0] ^= 0xFF
+    (folder / bad).write_bytes(bytes(data))
+    read, report = _check(_Folder(folder), second, _suite())
+    assert not report.passed
+    assert any(f.startswith(f"shard {bad}: sha256") for f in report.failures), report.failures
+
+
+def test_a_new_part_with_a_non_finite_feature_fails_the_version(tmp_path):
+    first = _build(_frame(range(2000)), tmp_path / "v1")
+    grown = _frame(range(2020))
+    grown.loc[2010, "f2"] = np.inf
+    second = _build(grown, tmp_path / "v2", previous=first)
+    folder = _version_folder(tmp_path, "branch", tmp_path / "v1", tmp_path / "v2")
+    read, report = _check(_Folder(folder), second, _suite())
+    assert read.summarised > 0 and not report.passed
+    assert any("finite" in f for f in report.failures), report.failures
+
+
+def test_a_suite_that_needs_every_row_reads_the_kept_shards_back(tmp_path):
+    import great_expectations as gx
+
+    first = _build(_frame(range(2000)), tmp_path / "v1")
+    second = _build(_frame(range(2020)), tmp_path / "v2", previous=first)
+    folder = _version_folder(tmp_path, "branch", tmp_path / "v1", tmp_path / "v2")
+    suite = _suite()
+    suite["samples"] = [*suite["samples"], gx.expectations.ExpectColumnMeanToBeBetween(column="max_abs", max_value=5)]
+    store = _Folder(folder)
+    read, report = _check(store, second, suite)
+    assert set(store.read) == set(_entries(second)) and read.summarised == 0
+    assert "expect_column_mean_to_be_between(max_abs)" in read.why_read_kept and report.passed, report.failures
+
+
+@pytest.mark.parametrize("task", ["regression", "multilabel"])
+def test_v2_tables_judge_kept_parts_by_their_summaries(tmp_path, task):
+    from assets import quality
+    from core.expectations import standard_shard_expectations
+    from pipelines.api import dataset_pipeline
+
+    def chunk(n: int):
+        frame = _frame(range(n))
+        x = frame[list(FEATURES)].to_numpy(np.float32)
+        if task == "regression":
+            y = (frame["f0"] * 3 + 1).to_numpy(np.float32)
+        else:
+            y = np.stack([(frame["f0"] > 0), (frame["f1"] > 5)], axis=1).astype(np.float32)
+        return [(x, y, frame["id"].to_numpy())]
+
+    names = ("y",) if task == "regression" else ("a", "b")
+    args = dict(task=task, feature_columns=FEATURES, target_names=names, id_column="id", feature_shape=(4,),
+                seed=7, fractions=(0.8, 0.1, 0.1), samples_per_shard=64, salt="s")
+    first = build_target_shards_from_chunks(chunk(2000), out_dir=tmp_path / "v1", **args)
+    second = build_target_shards_from_chunks(chunk(2020), out_dir=tmp_path / "v2", previous=first, **args)
+    folder = _version_folder(tmp_path, "branch", tmp_path / "v1", tmp_path / "v2")
+    if task == "regression":
+        spec = dataset_pipeline("parts", source=lambda: None, features=list(FEATURES), label="y", task="regression",
+                                id_column="id", target_range=(-100, 100))
+    else:
+        spec = dataset_pipeline("parts", source=lambda: None, features=list(FEATURES), labels=list(names),
+                                task="multilabel", id_column="id")
+    suite = standard_shard_expectations(spec)
+    store = _Folder(folder)
+    read, report = _check(store, second, suite)
+    assert read.summarised > 0 and read.read == len(store.read) < len(_entries(second))
+    assert report.passed, report.failures
+    whole, _ = _check(_Folder(folder), _published(second), suite)
+    got, every = read.tables["samples"], whole.tables["samples"]
+    assert got["max_abs"].max() == every["max_abs"].max()
+    if task == "regression":
+        assert (got["target"].min(), got["target"].max()) == (every["target"].min(), every["target"].max())
+    else:
+        pd.testing.assert_frame_equal(read.tables["labels"], whole.tables["labels"])
+        assert quality.untrained_labels(read.tables) is None
