@@ -16,7 +16,8 @@ import dagster as dg
 
 from assets import ingest
 from assets.data_key import data_key
-from assets.kinds import DataKind
+from assets.kinds import DataKind, text_store
+from assets.kinds.image_store import put_shards, strip_carried
 from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
 from assets.source import SourceError
 from assets.shards_output import shards_outputs, stamp_manifest
@@ -106,14 +107,24 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
             raw_file = s.download(raw["commit_id"], raw["path"], Path(tmp) / kind.raw_name)
             out = Path(tmp) / "shards"
+            # a text corpus in parts: the published version's parts kept (assets/kinds/text_store.py)
+            published = text_store.published_shards(s, spec, shard_prefix, Path(tmp)) \
+                if getattr(kind, "shards_in_parts", False) else None
             try:
-                manifest = kind.shard(spec, raw_file, out)
+                manifest = kind.shard(spec, raw_file, out, **({} if published is None else dict(
+                    salt=text_store.part_salt(raw.get("data_key")), previous=published.manifest,
+                    tokenizer_file=published.tokenizer_file)))
             except ValueError as exc:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc
             stamp_manifest(spec, manifest, raw)
             report = kind.check_shards(spec, manifest, out)
-            replace_prefix(s, branch, shard_prefix, out, manifest)
+            if published is None:
+                replace_prefix(s, branch, shard_prefix, out, manifest)
+            else:  # the commit adds and removes only the changed parts' shard files
+                moved = put_shards(s, branch, shard_prefix, out, manifest, published.commit)
+                context.log.info(text_store.sharded_line(name, manifest, published.manifest, moved))
+                manifest = strip_carried(manifest)
         yield from shards_outputs(context, s, spec, keys["shards"], raw, manifest, report, branch, platform, checked)
 
     return [raw_dataset, shards]

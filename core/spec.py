@@ -119,6 +119,13 @@ class TextPreprocessing:
     vocab_size: int = 4096  # with tokenizer="bpe"
     seq_len: int = 128  # tokens per sample (language modelling: windows of seq_len + 1 for the shifted target)
     function: str | None = None  # "pkg.module:fn" (str -> str) applied to every document before tokenizing
+    # Documents per part, about (content-defined cuts: a quarter to four times this): the unit a new
+    # version keeps or re-tokenizes (assets/kinds/text_parts.py).
+    part_documents: int = 1024
+    # BPE only: train the tokenizer again on this version's training split. By default a new version
+    # keeps the published version's tokenizer (and so every part whose documents did not change)
+    # while tokenizer, vocab_size and function stay the same.
+    refit_tokenizer: bool = False
 
 
 TASKS = ("classification", "regression", "multilabel", "language_modeling")
@@ -518,6 +525,8 @@ class PipelineSpec:
             _fail(n, "preprocessing.tokenizer", f"{prep.tokenizer!r}: use 'byte' or 'bpe'")
         if prep.seq_len < 2:
             _fail(n, "preprocessing.seq_len", "must be at least 2")
+        if prep.part_documents < 1:
+            _fail(n, "preprocessing.part_documents", "must be at least 1 document")
         if prep.tokenizer == "bpe" and prep.vocab_size < 300:
             _fail(n, "preprocessing.vocab_size", "a BPE vocabulary needs at least 300 tokens (256 bytes and merges)")
         if not 0 < src.min_chars <= src.max_chars:

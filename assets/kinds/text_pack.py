@@ -1,9 +1,10 @@
 """Token samples and the shard files that hold them.
 
-Language modelling packs a split's token stream (documents in order, an eos between two
-documents) into windows of ``seq_len + 1`` tokens, inputs and their shifted targets in one, with
-no padding: every token lands in exactly one window, except the stream's last tokens that fill
-no whole window, which are dropped and counted. Classification keeps one sample per document,
+Language modelling packs a token stream (documents in order, an eos between two documents) into
+windows of ``seq_len + 1`` tokens, inputs and their shifted targets in one, with no padding: every
+token lands in exactly one window, except the stream's last tokens that fill no whole window, which
+are dropped and counted. The shards asset packs each split of each part of a corpus as a stream of
+its own (assets/kinds/text.py), so fewer than one window is dropped per part and split. Classification keeps one sample per document,
 its tokens cut or padded to ``seq_len``.
 
 Memory stays bounded: the packer holds the tokens of one batch of documents plus less than one
@@ -88,11 +89,13 @@ def classification_samples(tokens: Sequence[np.ndarray], labels: Sequence[int], 
 
 
 class ShardBuffer:
-    """Collects one split's samples and writes a shard file (``<split>/<n>.bin``) each time it
-    holds ``per_shard`` of them; ``finish`` writes the rest."""
+    """Collects one split's samples and writes a shard file (``<split>/<n>.bin``, or
+    ``<split>/<stem>-<n>.bin`` for one part of a corpus) each time it holds ``per_shard`` of them;
+    ``finish`` writes the rest."""
 
-    def __init__(self, out_dir: Path, split: str, columns: Sequence[Column], per_shard: int):
+    def __init__(self, out_dir: Path, split: str, columns: Sequence[Column], per_shard: int, stem: str = ""):
         self.out_dir, self.split, self.columns, self.per_shard = out_dir, split, list(columns), per_shard
+        self.stem = stem
         self.writer = ShardWriter(self.columns)
         self.parts: list[dict[str, object]] = []
         self.held = 0
@@ -117,7 +120,7 @@ class ShardBuffer:
         shard = {name: values[:count] for name, values in joined.items()}
         # A copy, so that the joined batch is freed once this shard is written.
         rest = {name: values[count:].copy() for name, values in joined.items()}
-        rel = f"{self.split}/{len(self.entries):05d}.bin"
+        rel = f"{self.split}/{self.stem + '-' if self.stem else ''}{len(self.entries):05d}.bin"
         self.entries.append(self.writer.write(self.out_dir / rel, rel, shard))
         self.held -= count
         self.parts = [rest] if self.held else []
