@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,7 +20,7 @@ from assets.kinds.image_store import strip_carried
 from assets.kinds.text import TEXT, previous_parts
 from assets.kinds.text_store import keeps_tokenizer
 from assets.kinds.text_tokens import BYTE_EOS
-from assets.sharding import CARRIED, SPLITS
+from assets.sharding import CARRIED, SPLITS, assign_splits
 from core.spec import TextCorpus, TextPreprocessing, dataset_pipeline
 from tests.pipeline.conftest import failure_messages
 from training_runtime.data.shard_format import ShardColumns, columns_from_manifest
@@ -286,3 +287,33 @@ def test_a_version_with_appended_documents_commits_only_the_new_parts_shards(pla
     assert logs and f"{len(new)} of {len(after['parts'])} part(s) sharded" in logs[0]
     raw = pq.read_table(store.download(tags[2], "datasets/toy/raw/documents.parquet", platform.root / "raw.parquet"))
     assert sum(p["documents"] for p in after["parts"]) == raw.num_rows == 406
+
+
+def test_a_new_version_of_a_bpe_corpus_keeps_the_published_tokenizer_and_its_parts(platform):
+    """The shards asset takes the published tokenizer.json from main (assets/kinds/text_store.py):
+    the second version's tokenizer is the first's, unchanged in the commit, and only the parts the
+    new document falls in are new."""
+    from core.datasets import dataset_tags
+
+    spec = _spec(tokenizer="bpe", vocab_size=400)
+    folder = platform.sources / "toy"
+    for rel, text in _txt_corpus(range(200)).items():
+        (platform.sources / rel).parent.mkdir(parents=True, exist_ok=True)
+        (platform.sources / rel).write_text(text)
+    first = platform.run(spec)
+    assert first.success, failure_messages(first)
+    # words the tokenizer never merged, in the training split: a tokenizer trained again would differ
+    (folder / "doc_0200.txt").write_text("zebra quokka axolotl " * 30)
+    assert assign_splits(pd.Series(["toy/doc_0200.txt"]), spec.split.seed, (0.8, 0.1, 0.1))[0] == 0
+    second = platform.run(spec)
+    assert second.success, failure_messages(second)
+
+    store = platform.store()
+    tags = dataset_tags(store, "toy")
+    prefix = "datasets/toy/shards/"
+    before, after = (json.loads(store.get_object(tags[v], prefix + "manifest.json")) for v in (1, 2))
+    assert after["tokenizer"] == before["tokenizer"]
+    assert store.get_object(tags[2], prefix + "tokenizer.json") == store.get_object(tags[1], prefix + "tokenizer.json")
+    diff = {d.path for d in store.diff(tags[1], tags[2], prefix=prefix)}
+    new = {p["key"] for p in after["parts"]} - {p["key"] for p in before["parts"]}
+    assert prefix + "tokenizer.json" not in diff and 1 <= len(new) <= 2 < len(after["parts"])
