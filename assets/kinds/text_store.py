@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from assets.kinds.text_tokens import TOKENIZER_FILE
+from assets.sharding import CARRIED
 from core.spec import PipelineSpec, TextPreprocessing
 from resources.store.base import MAIN, RefNotFoundError
 
@@ -62,5 +63,8 @@ def sharded_line(dataset: str, manifest: dict, previous: dict | None, moved: dic
     made = [p for p in manifest["parts"] if p["key"] not in published]
     total = len(manifest["parts"])
     kept = f", the other {total - len(made)} kept from the published version" if previous else ""
+    shards = [e for info in manifest["splits"].values() for e in info["shards"]]
+    carried = sum(bool(e.get(CARRIED)) for e in shards)
     return (f"{dataset}: {len(made)} of {total} part(s) sharded{kept}; {moved['kept']} shard file(s) kept, "
-            f"{moved['removed']} removed")
+            f"{moved['removed']} removed; the shard checks read {len(shards) - carried} shard file(s) and judged "
+            f"{carried} kept one(s) by their parts' records")

@@ -285,6 +285,8 @@ def test_a_version_with_appended_documents_commits_only_the_new_parts_shards(pla
     assert {path for path, kind in diff if kind == "added"} == files(after, new) - files(before, gone)
     logs = [e.message for e in platform.instance.all_logs(second.run_id) if "part(s) sharded" in (e.message or "")]
     assert logs and f"{len(new)} of {len(after['parts'])} part(s) sharded" in logs[0]
+    read = len(files(after, new))
+    assert f"the shard checks read {read} shard file(s) and judged {len(_entries(after)) - read} kept" in logs[0]
     raw = pq.read_table(store.download(tags[2], "datasets/toy/raw/documents.parquet", platform.root / "raw.parquet"))
     assert sum(p["documents"] for p in after["parts"]) == raw.num_rows == 406
 
