@@ -319,3 +319,38 @@ def test_a_new_version_of_a_bpe_corpus_keeps_the_published_tokenizer_and_its_par
     diff = {d.path for d in store.diff(tags[1], tags[2], prefix=prefix)}
     new = {p["key"] for p in after["parts"]} - {p["key"] for p in before["parts"]}
     assert prefix + "tokenizer.json" not in diff and 1 <= len(new) <= 2 < len(after["parts"])
+
+
+def test_the_runtime_reads_a_manifest_made_before_parts_as_one_in_parts(tmp_path):
+    """Versions published before parts packed a split's whole stream into ``<split>/<n>.bin``, with
+    no ``parts``: the trainer's reader and DataInfo take both alike, with no dagster import."""
+    from assets.kinds.text_pack import ShardBuffer, WindowPacker, lm_columns
+    from assets.kinds.text_tokens import ByteTokenizer
+    from training_runtime.data.info import DataInfo
+
+    spec = _spec()
+    corpus = _txt_corpus(range(120))
+    manifest = _shard(spec, corpus, tmp_path / "parts")
+    ids = sorted(corpus)
+    codes = assign_splits(pd.Series(ids), spec.split.seed, (0.8, 0.1, 0.1))
+    old_dir = tmp_path / "before-parts"
+    columns = lm_columns(12, "uint16")
+    old = {k: v for k, v in manifest.items() if k not in ("parts", "part_documents")}
+    old["splits"] = {}
+    for code, split in enumerate(SPLITS):  # one stream per split, as the shards asset used to write
+        members = [i for i, c in zip(ids, codes) if c == code]
+        packer = WindowPacker(13, ByteTokenizer.eos_id, "uint16")
+        buffer = ShardBuffer(old_dir, split, columns, manifest["samples_per_shard"])
+        buffer.add(packer.add(ByteTokenizer().encode_batch([corpus[i] for i in members]), members))
+        shards = buffer.finish()
+        old["splits"][split] = {"num_samples": sum(e["num_samples"] for e in shards), "shards": shards}
+    assert old["splits"]["train"]["shards"][0]["path"] == "train/00000.bin"
+    assert DataInfo.from_manifest(old) == DataInfo.from_manifest(manifest)
+    for made, folder in ((old, old_dir), (manifest, tmp_path / "parts/shards")):
+        train = made["splits"]["train"]
+        split = open_split(made, [folder / e["path"] for e in train["shards"]], "train")
+        tokens = split.gather(np.arange(split.num_samples), ["tokens"])["tokens"]
+        assert tokens.shape == (train["num_samples"], 13) and split.num_samples > 0
+    # packing within parts drops at most a partial window per part and split more than one stream did
+    lost = old["splits"]["train"]["num_samples"] - manifest["splits"]["train"]["num_samples"]
+    assert 0 <= lost <= len(manifest["parts"])
