@@ -161,6 +161,12 @@ def test_a_part_key_covers_the_tokenizer_the_text_and_the_label(tmp_path):
     second = _shard(spec, relabelled, tmp_path / "v2", previous=first)
     assert [p["key"] == q["key"] for p, q in zip(first["parts"], second["parts"])][:1] == [False]
     assert all(p["key"] == q["key"] for p, q in zip(first["parts"][1:], second["parts"][1:]))
+    # the kept parts' shards (not in v2's folder) are judged by their records: labels and token ids
+    assert _carried(second) and TEXT.check_shards(spec, second, tmp_path / "v2/shards").passed
+    broken = json.loads(json.dumps(second))
+    broken["parts"][-1]["splits"]["train"]["max_label"] = 5
+    assert "shards: expect_column_values_to_be_between(max_label)" in "\n".join(
+        TEXT.check_shards(spec, broken, tmp_path / "v2/shards").failures)
     bpe = _shard(_spec(task="classification", labels=labels, tokenizer="bpe"), corpus, tmp_path / "bpe")
     assert not {p["key"] for p in bpe["parts"]} & {p["key"] for p in first["parts"]}
     assert [p["name"] for p in bpe["parts"]] == [p["name"] for p in first["parts"]]  # names: the members only
