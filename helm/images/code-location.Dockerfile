@@ -17,7 +17,28 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     DAGSTER_HOME=/opt/dagster/dagster_home
 
 WORKDIR /opt/model-factory
-# Dependencies first (cached layer), with the exact pins of constraints.txt.
+# Dependencies first, from the lock (helm/images/code-location.lock.txt: pyproject.toml's
+# dependencies resolved under constraints.txt's pins, every distribution pinned; `make images-lock`),
+# in a layer of their own: a commit that changes only code rebuilds the small layers below, not
+# this one. As in the training image: everything but torch from PyPI with no resolution of its own
+# (--no-deps: the lock is the resolution), then the lock's torch pin from the CPU index,
+# constrained by the rest; `pip check` fails the build if the halves disagree.
+COPY helm/images/code-location.lock.txt /opt/model-factory/requirements.lock.txt
+RUN grep -v '^torch==' /opt/model-factory/requirements.lock.txt > /tmp/deps.lock \
+ && grep '^torch==' /opt/model-factory/requirements.lock.txt > /tmp/torch.lock \
+ && pip install --no-deps -r /tmp/deps.lock \
+ && pip install --index-url "${TORCH_INDEX_URL}" -c /tmp/deps.lock -r /tmp/torch.lock \
+ && pip check \
+ && rm /tmp/deps.lock /tmp/torch.lock
+
+# The run and step pods run as 1000:1000 (resources/k8s/step_config.py). Debian's slim base has
+# no user at 1000 today; the script replaces one should a future base bring it, as Ubuntu's does.
+COPY helm/images/runtime-user.sh /usr/local/sbin/runtime-user.sh
+RUN sh /usr/local/sbin/runtime-user.sh --create-home dagster 1000 \
+ && mkdir -p "${DAGSTER_HOME}" && chown 1000:1000 "${DAGSTER_HOME}"
+
+# Then the platform's own package, with no dependency of its own (the lock installed them all) and
+# with the lock's setuptools as its build backend (nothing fetched unpinned at build time).
 COPY pyproject.toml constraints.txt README.md ./
 COPY pipelines/ ./pipelines/
 COPY assets/ ./assets/
@@ -26,12 +47,7 @@ COPY ops/ ./ops/
 COPY core/ ./core/
 COPY teams/ ./teams/
 COPY training_runtime/ ./training_runtime/
-# The run and step pods run as 1000:1000 (resources/k8s/step_config.py). Debian's slim base has
-# no user at 1000 today; the script replaces one should a future base bring it, as Ubuntu's does.
-COPY helm/images/runtime-user.sh /usr/local/sbin/runtime-user.sh
-RUN pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
- && sh /usr/local/sbin/runtime-user.sh --create-home dagster 1000 \
- && mkdir -p "${DAGSTER_HOME}" && chown 1000:1000 "${DAGSTER_HOME}"
+RUN pip install --no-deps --no-build-isolation . && pip check
 
 # What the image holds (pip's installation report of every distribution), as the training image's.
 RUN pip inspect > /opt/model-factory/SBOM.pip-inspect.json

@@ -47,7 +47,7 @@ IMAGES = {
     "training": {"dockerfile": "helm/images/training.Dockerfile", "base_arg": "CUDA_BASE", "base": "debian",
                  "inputs": ("helm/images/training.lock.txt", "training_runtime", "teams", "helm/images/runtime-user.sh")},
     "code-location": {"dockerfile": "helm/images/code-location.Dockerfile", "base_arg": "PYTHON_BASE", "base": "python",
-                      "inputs": ("pyproject.toml", "constraints.txt", "README.md", "pipelines", "assets", "resources",
+                      "inputs": ("helm/images/code-location.lock.txt", "pyproject.toml", "constraints.txt", "README.md", "pipelines", "assets", "resources",
                                  "ops", "core", "teams", "training_runtime", "helm/images/runtime-user.sh")},
 }
 LOCK = REPO / "helm/images/training.lock.txt"
@@ -167,6 +167,12 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+# The index's URL is the TORCH_INDEX_URL build argument, which the install steps read: buildah's
+# layer cache keys a RUN step by the arguments it uses, so a port that changed on every build (as a
+# free port would) rebuilt the dependency layers on every commit. Below Linux's ephemeral range.
+INDEX_PORT = 28173
+
+
 @contextlib.contextmanager
 def torch_index(work: Path) -> Iterator[str]:
     """torch and its dependencies as pip finds them here, served as an index on 127.0.0.1."""
@@ -175,7 +181,13 @@ def torch_index(work: Path) -> Iterator[str]:
     _run([sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(wheels),
           f"torch=={torch_version()}"])
     write_index(wheels, index)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(work)))
+    handler = functools.partial(_QuietHandler, directory=str(work))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", INDEX_PORT), handler)
+    except OSError as exc:  # another build serves its index there: this one's RUN layers rebuild
+        print(f"local_build: port {INDEX_PORT} is taken ({exc.strerror}); the torch index takes a free port, "
+              "and the layers that install from it are not reused this time", file=sys.stderr)
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -223,7 +235,7 @@ def build(name: str, index_url: str | None, *, force: bool = False) -> dict:
 
 
 SBOM_IN_IMAGE = "opt/model-factory/SBOM.pip-inspect.json"
-LOCK_IN_IMAGE = "opt/model-factory/requirements.lock.txt"  # the training image's only
+LOCK_IN_IMAGE = "opt/model-factory/requirements.lock.txt"  # each image's, installed from
 
 
 def copy_records(ref: str, folder: Path, name: str) -> dict[str, str]:

@@ -1,5 +1,12 @@
-"""The training image's lock file: ``python helm/images/lock.py`` (``make images-lock``) resolves
-helm/images/training.requirements.in into helm/images/training.lock.txt with ``uv pip compile``,
+"""The images' lock files: ``python helm/images/lock.py`` (``make images-lock``) resolves, with
+``uv pip compile``,
+
+- helm/images/training.requirements.in into helm/images/training.lock.txt (the training image);
+- pyproject.toml's dependencies under constraints.txt's pins, with
+  helm/images/code-location.requirements.in (the installer and the build backend the image keeps),
+  into helm/images/code-location.lock.txt (the code-location image, whose own package is then
+  installed with ``--no-deps``);
+
 and ``unlocked`` names what a built image holds beyond its lock (its SBOM against the lock).
 
 The lock is resolved for the CPU build of torch, for CPython 3.11 on manylinux x86_64 (the local
@@ -23,6 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -33,13 +41,28 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO / "helm/images/training.requirements.in"
 LOCK = REPO / "helm/images/training.lock.txt"
+# image -> (the inputs uv resolves, the constraints it resolves them under, the lock it writes)
+LOCKS = {
+    "training": ((REQUIREMENTS,), (), LOCK),
+    "code-location": ((REPO / "pyproject.toml", REPO / "helm/images/code-location.requirements.in"),
+                      (REPO / "constraints.txt",), REPO / "helm/images/code-location.lock.txt"),
+}
 PYTHON_VERSION, PLATFORM = "3.11", "x86_64-manylinux_2_28"
-HEADER = """\
-# The training image's lock: every distribution it installs, pinned. Generated from
-# helm/images/training.requirements.in by `make images-lock` (helm/images/lock.py) for CPython 3.11,
-# manylinux x86_64, with torch's CPU build; do not edit by hand. torch is pinned without its build
-# label: the Dockerfile takes it from TORCH_INDEX_URL (CUDA in production, CPU here).
-"""
+HEADER = ("The {image} image's lock: every distribution it installs, pinned. Generated from {inputs} by "
+          "`make images-lock` (helm/images/lock.py) for CPython 3.11, manylinux x86_64, with torch's CPU build; "
+          "do not edit by hand. torch is pinned without its build label: the Dockerfile takes it from "
+          "TORCH_INDEX_URL ({torch_index}).")
+TORCH_INDEX = {"training": "CUDA in production, CPU here", "code-location": "the CPU build, here and in production"}
+
+
+def header(image: str) -> str:
+    inputs, constraints, _ = LOCKS[image]
+    named = " and ".join(p.relative_to(REPO).as_posix() for p in inputs)
+    if constraints:
+        named += " under " + ", ".join(p.relative_to(REPO).as_posix() for p in constraints)
+    text = HEADER.format(image=image, inputs=named, torch_index=TORCH_INDEX[image])
+    return textwrap.fill(text, width=100, initial_indent="# ", subsequent_indent="# ",
+                         break_on_hyphens=False) + "\n"
 
 
 class LockError(RuntimeError):
@@ -118,7 +141,7 @@ def unsatisfied(requirements_text: str, lock_text: str) -> list[str]:
     return problems
 
 
-def finish_lock(compiled: str) -> str:
+def finish_lock(compiled: str, image: str = "training") -> str:
     """uv's output as the committed lock: our header, and torch's pin without its build label."""
     body = "\n".join(l for l in compiled.splitlines() if not l.startswith("#    uv pip compile"))
     body, n = re.subn(r"^torch==([0-9][^+\s;]*)\+cpu\b", r"torch==\1", body, flags=re.M)
@@ -130,13 +153,25 @@ def finish_lock(compiled: str) -> str:
     if cuda:
         raise LockError(f"the lock would pin CUDA libraries ({', '.join(cuda)}): torch's CUDA build was resolved; "
                         "they must come with the torch build of TORCH_INDEX_URL, not from the lock")
-    return HEADER + body.strip() + "\n"
+    return header(image) + body.strip() + "\n"
 
 
-def compile_lock(requirements: Path = REQUIREMENTS) -> str:
+def torch_pin(image: str) -> str:
+    """The torch version the image's inputs pin (torch==X in its requirements or constraints)."""
+    inputs, constraints, _ = LOCKS[image]
+    for path in (*inputs, *constraints):
+        if path.suffix == ".toml":
+            continue
+        for line in path.read_text().splitlines():
+            if line.startswith("torch=="):
+                return line.split("==", 1)[1].split("#", 1)[0].strip()
+    raise LockError(f"the {image} image's inputs pin no torch==<version>: the lock needs the exact CPU build")
+
+
+def compile_lock(image: str = "training") -> str:
+    inputs, constraints, _ = LOCKS[image]
     with tempfile.TemporaryDirectory(prefix="mf-lock-") as work:
-        version = next(l.split("==", 1)[1].strip() for l in requirements.read_text().splitlines()
-                       if l.startswith("torch=="))
+        version = torch_pin(image)
         got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                               "--dest", work, f"torch=={version}"], capture_output=True, text=True)
         if got.returncode != 0:
@@ -144,26 +179,31 @@ def compile_lock(requirements: Path = REQUIREMENTS) -> str:
         env = dict(os.environ)
         if os.environ.get("PIP_CERT"):  # uv reads no pip settings; the proxy's CA, where there is one
             env.setdefault("SSL_CERT_FILE", os.environ["PIP_CERT"])
-        proc = subprocess.run([sys.executable, "-m", "uv", "pip", "compile", str(requirements), "--quiet",
+        constrain = [a for c in constraints for a in ("-c", str(c))]
+        proc = subprocess.run([sys.executable, "-m", "uv", "pip", "compile", *map(str, inputs), *constrain, "--quiet",
                                "--python-version", PYTHON_VERSION, "--python-platform", PLATFORM,
                                "--find-links", work, "--index-strategy", "unsafe-best-match", "--no-header"],
                               capture_output=True, text=True, env=env, cwd=REPO)
         if proc.returncode != 0:
             raise LockError(f"uv pip compile failed (make install puts uv in .venv):\n{proc.stderr[-3000:]}")
-        return finish_lock(proc.stdout)
+        return finish_lock(proc.stdout, image)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python helm/images/lock.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=LOCK)
+    parser.add_argument("images", nargs="*", help=f"of {', '.join(LOCKS)} (default: all)")
     args = parser.parse_args(argv)
-    try:
-        text = compile_lock()
-    except LockError as exc:
-        print(f"lock: {exc}", file=sys.stderr)
-        return 1
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({len(parse_lock(text))} distributions)")
+    if unknown := [n for n in args.images if n not in LOCKS]:
+        parser.error(f"no image {', '.join(unknown)}: choose from {', '.join(LOCKS)}")
+    for image in args.images or list(LOCKS):
+        try:
+            text = compile_lock(image)
+        except LockError as exc:
+            print(f"lock ({image}): {exc}", file=sys.stderr)
+            return 1
+        out = LOCKS[image][2]
+        out.write_text(text)
+        print(f"wrote {out.relative_to(REPO)} ({len(parse_lock(text))} distributions)")
     return 0
 
 

@@ -63,22 +63,37 @@ def training_image(training_built) -> str:
     return training_built["image"]
 
 
-def test_the_training_image_holds_exactly_what_its_lock_pins(training_built):
+def _holds_exactly_its_lock(built: dict, committed: str, own: set[str] = frozenset()) -> None:
     """The SBOM (pip inspect, written in the image) against the lock the image was installed from
-    (copied into it beside the SBOM): nothing in the image that the lock does not pin, at its pin;
-    and that lock is the committed one."""
+    (copied into it beside the SBOM): nothing in the image that the lock does not pin, at its pin,
+    but the image's ``own`` package; and that lock is the committed one."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("image_lock", REPO / "helm/images/lock.py")
     lock = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lock)
-    sbom = json.loads(Path(training_built["sbom"]).read_text())
-    in_image = Path(training_built["lock"]).read_text()
-    assert in_image == (REPO / "helm/images/training.lock.txt").read_text()
-    assert lock.unlocked(sbom, in_image) == []
+    sbom = json.loads(Path(built["sbom"]).read_text())
+    in_image = Path(built["lock"]).read_text()
+    assert in_image == (REPO / committed).read_text()
+    import tomllib
+
+    ours = {"model-factory": tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]}
+    third_party = {**sbom, "installed": [d for d in sbom["installed"]
+                                         if lock.canonicalize_name(d["metadata"]["name"]) not in own]}
+    assert lock.unlocked(third_party, in_image) == []
     # every pin is installed too: the lock is what the image holds, not a superset of it
     installed = lock.installed(sbom)
     assert sorted(set(lock.parse_lock(in_image)) - set(installed)) == []
+    assert {n: installed[n]["version"] for n in own} == {n: ours[n] for n in own}
+
+
+def test_the_training_image_holds_exactly_what_its_lock_pins(training_built):
+    _holds_exactly_its_lock(training_built, "helm/images/training.lock.txt")
+
+
+def test_the_code_location_image_holds_exactly_what_its_lock_pins(code_location_built):
+    """Its own package (pip install --no-deps .) is the one distribution beyond the lock."""
+    _holds_exactly_its_lock(code_location_built, "helm/images/code-location.lock.txt", own={"model-factory"})
 
 
 def _pod(tmp_path: Path, image: str) -> tuple[TrainingJob, PodSettings, dict, Path]:
@@ -125,8 +140,13 @@ def test_the_training_image_trains_two_ranks_as_its_pod_would(tmp_path, training
 
 
 @pytest.fixture(scope="module")
-def code_location_image(tmp_path_factory) -> str:
-    return _built("code-location", tmp_path_factory)["image"]
+def code_location_built(tmp_path_factory) -> dict:
+    return _built("code-location", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def code_location_image(code_location_built) -> str:
+    return code_location_built["image"]
 
 
 def _wait_for_ping(client, server: subprocess.Popen, timeout_s: float = 180) -> dict:

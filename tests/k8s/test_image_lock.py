@@ -1,7 +1,8 @@
-"""The training image's lock (helm/images/training.lock.txt, made by helm/images/lock.py from
-training.requirements.in): the comparison of a built image's SBOM with its lock, on made-up
-reports (make test-images runs it on the built image's), and the committed lock against the
-requirements it was made from."""
+"""The images' locks (helm/images/training.lock.txt from training.requirements.in, and
+helm/images/code-location.lock.txt from pyproject.toml and code-location.requirements.in under
+constraints.txt; both made by helm/images/lock.py): the comparison of a built image's SBOM with its
+lock, on made-up reports (make test-images runs it on the built images'), and the committed locks
+against what they were made from."""
 
 from __future__ import annotations
 
@@ -64,10 +65,36 @@ def test_the_committed_lock_satisfies_every_requirement_it_was_made_from():
     assert not [n for n in pins if n.startswith(("nvidia-c", "nvidia-n", "triton", "cuda-"))]
 
 
+def test_the_code_location_lock_satisfies_the_packages_dependencies_and_constraints():
+    import tomllib
+
+    committed = (REPO / "helm/images/code-location.lock.txt").read_text()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extra = (REPO / "helm/images/code-location.requirements.in").read_text()
+    assert lock.unsatisfied("\n".join(project["dependencies"]) + "\n" + extra, committed) == [], \
+        "pyproject.toml's dependencies moved: run `make images-lock` and commit the lock"
+    # constraints.txt's exact pins hold in the image wherever the image has the package: the image runs
+    # what `make install` tests
+    pins = lock.parse_lock(committed)
+    constrained = [l.split("#", 1)[0].strip() for l in (REPO / "constraints.txt").read_text().splitlines()]
+    inside = "\n".join(l for l in constrained if l and lock.canonicalize_name(lock.Requirement(l).name) in pins)
+    assert lock.unsatisfied(inside, committed) == [], "constraints.txt moved: run `make images-lock` and commit the lock"
+    assert {"dagster", "torch", "setuptools", "pip"} <= set(pins) and "pytest" not in pins  # no dev extras
+    assert "torch==2.13.0\n" in committed
+    assert all(len(reqs) == 1 and str(reqs[0].specifier).startswith("==") for reqs in pins.values())
+
+
+def test_each_lock_names_what_it_was_made_from():
+    assert lock.header("training").startswith("# The training image's lock")
+    code = lock.header("code-location")
+    assert "pyproject.toml" in code and "constraints.txt" in code
+    assert all(len(line) <= 100 for line in code.splitlines())
+
+
 def test_uvs_output_becomes_the_lock_only_with_torchs_cpu_build():
     compiled = "numpy==2.4.6\n    # via torch\ntorch==2.13.0+cpu\n    # via -r x.in\n"
     text = lock.finish_lock(compiled)
-    assert text.startswith(lock.HEADER) and "torch==2.13.0\n" in text and "+cpu" not in text
+    assert text.startswith(lock.header("training")) and "torch==2.13.0\n" in text and "+cpu" not in text
     import pytest
 
     with pytest.raises(lock.LockError, match="CPU index"):

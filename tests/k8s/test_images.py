@@ -96,4 +96,10 @@ def test_code_location_image_serves_the_definitions_module():
     text = (IMAGES / "code-location.Dockerfile").read_text()
     assert '"-m", "pipelines.definitions"' in text
     assert (REPO / "pipelines" / "definitions.py").exists()
-    assert "-c constraints.txt" in text
+    # its dependencies from its lock, in a layer above every COPY of code: a commit that changes only
+    # code reuses the dependency layer (tests/k8s/test_image_lock.py holds the lock to pyproject.toml)
+    lock = text.index("COPY helm/images/code-location.lock.txt")
+    deps = text.index("pip install --no-deps -r /tmp/deps.lock")
+    code = min(text.index(f"COPY {d}/") for d in ("pipelines", "assets", "resources", "ops", "core", "teams",
+                                                   "training_runtime"))
+    assert lock < deps < code < text.index("pip install --no-deps --no-build-isolation .")
