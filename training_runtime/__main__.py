@@ -111,5 +111,22 @@ def _run(raw: dict[str, Any], failures: FailureRecorder, reporter: Any, build: A
     return 0
 
 
+def exit_without_finalizing(code: int) -> None:
+    """Ends a rank that finished: its exit handlers run (logging's flush among them) and its
+    output is flushed, then the process ends without the interpreter's finalization. The process
+    group is destroyed by then, but objects that held it (DDP's reducer, a subgroup) are freed only
+    at finalization, where a C++ thread of theirs can be destroyed unjoined: std::terminate, and a
+    rank that trained to the end exits on SIGABRT, so torchrun fails the attempt (seen once in a
+    2-rank gloo training inside the training image: "terminate called without an active
+    exception", no Python frame; pytorch/pytorch#179291 describes the same teardown). A failing
+    rank exits normally: its traceback and error file matter more than this."""
+    import atexit
+
+    atexit._run_exitfuncs()  # what finalization would run first, while the interpreter is whole
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(record(main, error_handler=AtomicErrorHandler())())
+    exit_without_finalizing(record(main, error_handler=AtomicErrorHandler())() or 0)
