@@ -55,7 +55,7 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from kubernetes.client import (
     CoreV1Event,
@@ -131,6 +131,38 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _VAR.sub(sub, text)
 
 
+def container_env(container: dict[str, Any], secrets: dict[str, dict[str, str]],
+                  downward: dict[str, str]) -> tuple[dict[str, str], str]:
+    """A container's env as the kubelet resolves it: values with `$(VAR)` expansion, the fieldRefs
+    in ``downward`` (field path -> value), and secretKeyRef from ``secrets`` (a missing optional key
+    is left out). Returns (env, "") or, where a required Secret key is missing, (the env so far, the
+    kubelet's CreateContainerConfigError message): the pod then waits, as it would on a cluster."""
+    env: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        if "valueFrom" not in entry:
+            env[entry["name"]] = expand(entry.get("value") or "", env)  # the API allows no value: ""
+            continue
+        source = entry["valueFrom"]
+        if "fieldRef" in source:
+            path = source["fieldRef"]["fieldPath"]
+            if path not in downward:
+                raise ValueError(f"the local pod simulator resolves only the fieldRefs {sorted(downward)}, not {path}")
+            env[entry["name"]] = downward[path]
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            value = secrets.get(ref["name"], {}).get(ref["key"])
+            if value is None:
+                if ref.get("optional"):
+                    continue
+                return env, f'couldn\'t find key {ref["key"]} in Secret {ref["name"]}'
+            env[entry["name"]] = value
+        else:
+            raise ValueError(f"the local pod simulator resolves only values, fieldRefs and secretKeyRef, not {source}")
+    if container.get("envFrom"):
+        raise ValueError(f"the local pod simulator does not resolve envFrom {container['envFrom']}")
+    return env, ""
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -187,6 +219,32 @@ def process_tree(pid: int) -> list[int]:
         out.append(p)
         todo.extend(children.get(p, []))
     return out
+
+
+def signal_tree_when(find: Callable[[], tuple[str, int] | None], sig: int, timeout_s: float) -> list[str]:
+    """A fault the elastic tests inject once: a daemon thread polls ``find`` until it names
+    (label, pid), a pod or a node that has reached the moment to lose it, then sends ``sig`` to
+    every process of that pid's tree (what the kubelet, or a lost machine, ends) and appends the
+    label to the list returned, which stays empty if the moment never came within ``timeout_s``."""
+    done: list[str] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = find()
+            if found is not None:
+                label, pid = found
+                for p in process_tree(pid):
+                    try:
+                        os.kill(p, sig)
+                    except ProcessLookupError:
+                        continue
+                done.append(label)
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -332,28 +390,7 @@ class LocalCluster:
                        node_name: str = "local-node") -> tuple[dict[str, str], str]:
         downward = {f"metadata.annotations['{INDEX_ANNOTATION}']": str(index), "metadata.name": pod_name,
                     "spec.nodeName": node_name}
-        env: dict[str, str] = {}
-        for entry in container.get("env", []):
-            if "value" in entry:
-                env[entry["name"]] = expand(entry["value"], env)
-                continue
-            source = entry["valueFrom"]
-            if "fieldRef" in source:
-                path = source["fieldRef"]["fieldPath"]
-                if path not in downward:
-                    raise ValueError(f"the local pod simulator resolves only the fieldRefs {sorted(downward)}, not {path}")
-                env[entry["name"]] = downward[path]
-            elif "secretKeyRef" in source:
-                ref = source["secretKeyRef"]
-                value = self.secrets.get(ref["name"], {}).get(ref["key"])
-                if value is None:
-                    if ref.get("optional"):
-                        continue
-                    return env, f'couldn\'t find key {ref["key"]} in Secret {ref["name"]}'
-                env[entry["name"]] = value
-            else:
-                raise ValueError(f"the local pod simulator resolves only values, the index fieldRef and secretKeyRef, not {source}")
-        return env, ""
+        return container_env(container, self.secrets, downward)
 
     @staticmethod
     def _rewrite_dns(job: LocalJob, text: str) -> str:

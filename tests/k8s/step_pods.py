@@ -7,8 +7,9 @@ step Jobs are simpler and come from another client: the executor hands ``V1Job``
 ``BatchV1Api.create_namespaced_job`` and only reads the Job's status back (a step's events reach
 the run through the instance's event log, not through the pod), so this class answers exactly
 those calls. What the kubelet does is done here:
-  - env: ``value`` and ``secretKeyRef`` (from ``secrets``; a missing optional key is left out, a
-    missing required one fails the pod as CreateContainerConfigError would keep it from starting);
+  - env: as the training stand-in's kubelet resolves it (local_cluster.container_env: ``value``
+    with `$(VAR)` expansion and ``secretKeyRef`` from ``secrets``; a missing optional key is left
+    out, a missing required one keeps the pod waiting as CreateContainerConfigError would);
   - volumes are the host's own folders: the instance ConfigMap the Job mounts at DAGSTER_HOME is
     the test instance's dagster.yaml already there, and the shared volume is the data root;
   - the pod's log is kept beside the pods (``logs/<job>.log``) and its process group is ended
@@ -31,6 +32,7 @@ from kubernetes.client import ApiClient, V1Job, V1JobCondition, V1JobStatus, V1O
 from kubernetes.client.exceptions import ApiException
 
 from tests.k8s.local_cluster import _not_found  # the API server's 404, as the training Jobs' stand-in answers it
+from tests.k8s.local_cluster import container_env  # the kubelet's env resolution, one for both stand-ins
 
 
 @dataclass
@@ -74,7 +76,7 @@ class StepPodCluster:
             if name in self.pods:
                 raise ApiException(status=409, reason="AlreadyExists")
             (container,) = manifest["spec"]["template"]["spec"]["containers"]
-            env, missing = self._env(container)
+            env, missing = container_env(container, self.secrets, downward={})
             labels = manifest["spec"]["template"]["metadata"].get("labels", {})
             # the step key as Dagster writes it (the dagster/op label holds it sanitised for a label)
             step_key = env.get("DAGSTER_RUN_STEP_KEY") or labels.get("dagster/op", "")
@@ -86,25 +88,6 @@ class StepPodCluster:
         else:
             self._start(pod, container)
         return V1Job(metadata=V1ObjectMeta(name=name, namespace=namespace))
-
-    def _env(self, container: dict[str, Any]) -> tuple[dict[str, str], str | None]:
-        env: dict[str, str] = {}
-        for entry in container.get("env") or []:
-            if "value" in entry:
-                env[entry["name"]] = entry["value"] or ""
-                continue
-            ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
-            if ref is None:
-                raise ValueError(f"the step-pod simulator resolves env values and secretKeyRef, not {entry}")
-            value = self.secrets.get(ref["name"], {}).get(ref["key"])
-            if value is None:
-                if ref.get("optional"):
-                    continue
-                return env, f"couldn't find key {ref['key']} in Secret {ref['name']}"
-            env[entry["name"]] = value
-        if container.get("envFrom"):
-            raise ValueError(f"the step-pod simulator does not resolve envFrom {container['envFrom']}")
-        return env, None
 
     def _start(self, pod: StepPod, container: dict[str, Any]) -> None:
         command = list(container.get("command") or []) + pod.args  # no command: the image has no ENTRYPOINT

@@ -14,9 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from pipelines.api import model_pipeline
 from pipelines.definitions import build_definitions, training_job_name
 from pipelines.models.wine import FEATURES, load_wine_frame
 from pipelines.profiles import Profile
-from tests.k8s.local_cluster import process_tree
+from tests.k8s.local_cluster import signal_tree_when
 from tests.reliability.soak.cluster import ELASTIC_REPLACEMENT_S, SimulatedClusterLauncherResource
 
 pytestmark = pytest.mark.slow
@@ -65,21 +63,10 @@ def _pod_of_index(cluster_root: Path, index: int) -> tuple[str, int] | None:
     return None
 
 
-def _lose_pod_after_a_checkpoint(data_root: Path, lost: list[str]) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if list(data_root.glob(f"checkpoints/*/*/checkpoints/step_{LOSE_AFTER_STEP:09d}")):
-            pod = _pod_of_index(data_root / "cluster", 1)
-            if pod is not None:
-                name, pid = pod
-                for p in process_tree(pid):  # the kubelet ends every process of the pod
-                    try:
-                        os.kill(p, signal.SIGTERM)
-                    except ProcessLookupError:
-                        continue
-                lost.append(name)
-                return
-        time.sleep(0.2)
+def _pod_1_after_the_checkpoint(data_root: Path) -> tuple[str, int] | None:
+    if list(data_root.glob(f"checkpoints/*/*/checkpoints/step_{LOSE_AFTER_STEP:09d}")):
+        return _pod_of_index(data_root / "cluster", 1)  # SIGTERM to its tree: the kubelet ends the pod
+    return None
 
 
 def test_an_elastic_pipeline_loses_a_pod_grows_back_and_registers_a_version(tmp_path):
@@ -91,9 +78,7 @@ def test_an_elastic_pipeline_loses_a_pod_grows_back_and_registers_a_version(tmp_
                           classes=range(3), id_column="sample_id", model="mlp", model_kwargs={"hidden_sizes": [16]},
                           recipe=RECIPE, split={"seed": 1, "samples_per_shard": 64})
     job = build_definitions(profile, [spec], with_yaml=False).resolve_job_def(training_job_name(spec))
-    lost: list[str] = []
-    loser = threading.Thread(target=_lose_pod_after_a_checkpoint, args=(profile.data_root, lost), daemon=True)
-    loser.start()
+    lost = signal_tree_when(lambda: _pod_1_after_the_checkpoint(profile.data_root), signal.SIGTERM, timeout_s=300)
     started = time.monotonic()
     with dg.DagsterInstance.from_config(str(home)) as instance:
         result = job.execute_in_process(instance=instance, raise_on_error=False)

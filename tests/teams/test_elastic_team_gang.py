@@ -16,8 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import pytest
 from core.registry import list_versions, read_lineage
 from pipelines.profiles import Profile
 from tests.distributed.elastic_checks import kept_rows
-from tests.k8s.local_cluster import process_tree
+from tests.k8s.local_cluster import signal_tree_when
 from training_runtime.data.sampling import epoch_positions
 
 pytestmark = pytest.mark.slow
@@ -37,20 +35,12 @@ BATCH, EVERY = 16, 4  # the team's recipe
 STEP_S = 0.3  # rank 0 takes this long a step (the runtime's pacing hook), so the kill lands mid-training
 
 
-def _kill_node_after_checkpoint(platform: Path, node: int, killed: list[int]) -> None:
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        if list(platform.glob(f"checkpoints/relay/*/checkpoints/step_{2 * EVERY:09d}")):
-            (nodes,) = platform.glob("launches/**/nodes.json")
-            pid = json.loads(nodes.read_text())[str(node)]["pid"]
-            for p in process_tree(pid):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
-            killed.append(pid)
-            return
-        time.sleep(0.2)
+def _node_after_checkpoint(platform: Path, node: int) -> tuple[str, int] | None:
+    if list(platform.glob(f"checkpoints/relay/*/checkpoints/step_{2 * EVERY:09d}")):
+        (nodes,) = platform.glob("launches/**/nodes.json")
+        pid = json.loads(nodes.read_text())[str(node)]["pid"]
+        return str(pid), pid  # SIGKILL to the node's whole tree, agent and rank: the machine is gone
+    return None
 
 
 def test_a_team_package_outside_the_repository_trains_as_an_elastic_gang_that_loses_a_node(tmp_path):
@@ -67,9 +57,7 @@ def test_a_team_package_outside_the_repository_trains_as_an_elastic_gang_that_lo
                ("TRAINING_RUNTIME_FAULT_", "DAGSTER_PIPES"))}
     env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO), TRAINING_RUNTIME_FAULT_SLOW_RANK=f"0:{STEP_S}")
     platform = home / "platform"
-    killed: list[int] = []
-    killer = threading.Thread(target=_kill_node_after_checkpoint, args=(platform, 1, killed), daemon=True)
-    killer.start()
+    killed = signal_tree_when(lambda: _node_after_checkpoint(platform, 1), signal.SIGKILL, timeout_s=400)
     proc = subprocess.run([sys.executable, "-m", "pipelines", "train", "relay", "--set", "train.nnodes=2",
                            "--set", "train.min_nodes=1", "--workspace", str(workspace)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
