@@ -62,8 +62,8 @@ test-all: $(STAMP) $(CHROMIUM)
 # debootstrap makes the base, helm/images/local_build.py says what stands in for the registry base
 # and the torch index), cached by their inputs; then the smoke tests inside them, run as their pods
 # would (tests/k8s/test_built_images.py), and the pod simulation's own tests with every pod inside
-# the training image (POD_SIM_IMAGE, tests/k8s/local_cluster.py). Not in CI yet: a clean-clone run
-# is still to be done before .ci/run gets it (from an empty image store the builds take about 6 min).
+# the training image (POD_SIM_IMAGE, tests/k8s/local_cluster.py). CI runs it after make test-all
+# (.ci/run); from an empty image store the builds take about 6 min.
 BUILDAH := /usr/bin/buildah
 $(BUILDAH):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
