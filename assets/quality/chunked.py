@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from assets.quality.placement import placement
 from assets.quality.runner import ExpectationOutcome, QualityReport, SuiteRunner, check_suite
 from assets.quality.tables import (
     chunk_tables,
@@ -39,37 +40,6 @@ from assets.quality.tables import (
 
 RAW_TABLES = ("rows", "features", "targets", "classes")
 _CELL_TABLES = ("features", "targets")  # one row per cell of a chunk
-# Map expectations whose verdict on a row depends on other rows.
-_WHOLE_TABLE_MAPS = {
-    "expect_column_values_to_be_unique", "expect_compound_columns_to_be_unique",
-    "expect_multicolumn_values_to_be_unique", "expect_column_values_to_be_increasing",
-    "expect_column_values_to_be_decreasing", "expect_column_value_z_scores_to_be_less_than",
-    "expect_column_values_to_not_be_outliers",
-}
-_SCHEMA = {
-    "expect_column_to_exist", "expect_column_type_to_be", "expect_table_column_count_to_equal",
-    "expect_table_column_count_to_be_between", "expect_table_columns_to_match_ordered_list",
-    "expect_table_columns_to_match_set",
-}
-
-
-def placement(expectation: Any) -> str:
-    """``"map"``, ``"schema"`` (both per chunk) or ``"whole"`` (once, on the key table)."""
-    from great_expectations.expectations.expectation import (
-        ColumnMapExpectation,
-        ColumnPairMapExpectation,
-        MulticolumnMapExpectation,
-    )
-
-    kind = expectation.expectation_type
-    if kind in _SCHEMA:
-        return "schema"
-    if kind not in _WHOLE_TABLE_MAPS and isinstance(
-            expectation, (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)):
-        return "map"
-    return "whole"
-
-
 def _named_columns(expectation: Any) -> list[str]:
     cols = [getattr(expectation, a, None) for a in ("column", "column_A", "column_B")]
     return [str(c) for c in cols if c is not None] + [str(c) for c in getattr(expectation, "column_list", None) or []]

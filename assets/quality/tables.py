@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from assets.quality.placement import placement
 from assets.sharding import CARRIED, SPLITS, SUMMARY, decode_shard
 from training_runtime.data.shard_format import FORMAT_V2, NORMALISE_ON_READ, ShardColumns, columns_from_manifest
 
@@ -192,8 +193,6 @@ _DISCRETE_COLUMNS = {"split", "label", "train_label", "finite", "target_finite",
 
 def summarisable(expectation: Any) -> bool:
     """Whether kept parts' summary rows give ``expectation`` on ``samples`` its verdict on every row."""
-    from assets.quality.chunked import placement
-
     kind, column = expectation.expectation_type, getattr(expectation, "column", None)
     if kind in _DISTINCT:
         return column in _DISCRETE_COLUMNS
