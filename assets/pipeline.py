@@ -146,18 +146,8 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         context.log.info(f"{name}: {len(made)} of {len(manifest['parts'])} part(s) sharded"
                          + (f", the other {len(manifest['parts']) - len(made)} kept from the published version"
                             if previous else "") + f"; {moved['kept']} shard file(s) kept, {moved['removed']} removed")
-        # Check what the store holds now: the staged shard files read back, the kept ones by their
-        # parts' summaries where the suite allows (assets/quality/tables.py shard_tables).
-        suite = spec.expectations.shards(spec)
-        read = quality.shard_tables(s, branch, prefix, manifest, suite)
+        report = _check_shards(context, spec, s, branch, prefix, manifest)
         manifest = strip_carried(manifest)
-        context.log.info(f"{name}: shard checks on {read.read} shard file(s) read back"
-                         + (f" and {read.summarised} kept one(s) counted by their parts' summaries" if read.summarised
-                            else "") + (f"; kept shards read back too: {read.why_read_kept}" if read.why_read_kept
-                                        else ""))
-        report = quality.run_suite(f"{name}/shards", suite, read.tables)
-        for failure in [*read.failures, quality.untrained_labels(read.tables)]:
-            report = report.with_failure(failure)
         commit_id = _commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
                                     raw_commit=raw["commit_id"])
         counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
@@ -173,6 +163,21 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
         yield from _gate(context, report, keys["shards"], SHARDS_CHECK, commit_id, branch)
 
     return [raw_dataset, shards]
+
+
+def _check_shards(context, spec: PipelineSpec, store, branch: str, prefix: str, manifest: dict) -> quality.QualityReport:
+    """The shard suite on what the branch holds now: the shard files this version wrote, read back,
+    and the kept ones by their parts' summaries where the suite allows (assets/quality/tables.py
+    ``shard_tables``); ``manifest`` still marks which are kept."""
+    suite = spec.expectations.shards(spec)
+    read = quality.shard_tables(store, branch, prefix, manifest, suite)
+    context.log.info(f"{spec.name}: shard checks on {read.read} shard file(s) read back"
+                     + (f" and {read.summarised} kept one(s) counted by their parts' summaries" if read.summarised
+                        else "") + (f"; kept shards read back too: {read.why_read_kept}" if read.why_read_kept else ""))
+    report = quality.run_suite(f"{spec.name}/shards", suite, read.tables)
+    for failure in [*read.failures, quality.untrained_labels(read.tables)]:
+        report = report.with_failure(failure)
+    return report
 
 
 def _shard_table(spec: PipelineSpec, chunks, out: Path, rows: int, *, salt: str, previous: dict | None) -> dict:

@@ -178,9 +178,10 @@ def _checksum(entry: dict, digest: str, failures: list[str]) -> bool:
 # - a map expectation (one row at a time, ``mostly`` 1) on a column a part's rows hold whatever
 #   the rest of the version is (split, label, target ...): the part's rows passed it when their
 #   version was checked, by the same suite; its summary rows hold values of those rows, so pass too;
-# - ``max_abs`` depends on this version's normalisation: a summary row holds the part's largest
-#   absolute normalised feature, exact from its extremes (normalising is monotone per feature), so
-#   an upper bound on it is judged exactly; a lower bound above 0 is not (the part's least is not known);
+# - ``max_abs`` and ``finite`` depend on this version's normalisation: a summary row holds the
+#   part's largest absolute normalised feature and whether it is finite, exact from its extremes
+#   (normalising is monotone per feature), so an upper bound on ``max_abs`` is judged exactly; a
+#   lower bound above 0 is not (the part's least is not known);
 # - the distinct values of a discrete column (which splits, labels, classes in train) are exact:
 #   a summary row stands for each (split, label) a part holds.
 # Anything else (a ``mostly`` below 1, a mean, a count of rows, an expectation on two columns)
