@@ -120,7 +120,7 @@ class TextPreprocessing:
     seq_len: int = 128  # tokens per sample (language modelling: windows of seq_len + 1 for the shifted target)
     function: str | None = None  # "pkg.module:fn" (str -> str) applied to every document before tokenizing
     # Documents per part, about (content-defined cuts: a quarter to four times this): the unit a new
-    # version keeps or re-tokenizes (assets/kinds/text_parts.py).
+    # version keeps or re-tokenizes (assets/kinds/text.py plan_text_parts).
     part_documents: int = 1024
     # BPE only: train the tokenizer again on this version's training split. By default a new version
     # keeps the published version's tokenizer (and so every part whose documents did not change)
