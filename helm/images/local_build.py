@@ -45,7 +45,7 @@ SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 IMAGES = {
     "training": {"dockerfile": "helm/images/training.Dockerfile", "base_arg": "CUDA_BASE", "base": "debian",
-                 "inputs": ("helm/images/training.lock.txt", "training_runtime", "teams", "helm/images/runtime-user.sh")},
+                 "inputs": ("helm/images/training.lock.txt", "helm/images/training.cuda.lock.txt", "training_runtime", "teams", "helm/images/runtime-user.sh")},
     "code-location": {"dockerfile": "helm/images/code-location.Dockerfile", "base_arg": "PYTHON_BASE", "base": "python",
                       "inputs": ("helm/images/code-location.lock.txt", "pyproject.toml", "constraints.txt", "README.md", "pipelines", "assets", "resources",
                                  "ops", "core", "teams", "training_runtime", "helm/images/runtime-user.sh")},
@@ -207,7 +207,11 @@ def build_key(name: str, build_args: dict[str, str]) -> str:
         paths += sorted(q for q in p.rglob("*") if q.is_file() and "__pycache__" not in q.parts) if p.is_dir() else [p]
     for p in paths:
         h.update(p.relative_to(REPO).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    stable = {k: v for k, v in build_args.items() if k not in (spec["base_arg"], "TORCH_INDEX_URL")}
+    # The local index's URL is the same bytes on every run; an index given with --torch-index (PyPI's
+    # CUDA build) makes another image, so it is part of the key.
+    local_index = build_args.get("TORCH_INDEX_URL", "").startswith("http://127.0.0.1:")
+    stable = {k: v for k, v in build_args.items()
+              if k != spec["base_arg"] and not (k == "TORCH_INDEX_URL" and local_index)}
     h.update(json.dumps(stable, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
@@ -236,6 +240,7 @@ def build(name: str, index_url: str | None, *, force: bool = False) -> dict:
 
 SBOM_IN_IMAGE = "opt/model-factory/SBOM.pip-inspect.json"
 LOCK_IN_IMAGE = "opt/model-factory/requirements.lock.txt"  # each image's, installed from
+CUDA_LOCK_IN_IMAGE = "opt/model-factory/requirements.cuda.lock.txt"  # the training image's CUDA additions
 
 
 def copy_records(ref: str, folder: Path, name: str) -> dict[str, str]:
@@ -246,7 +251,8 @@ def copy_records(ref: str, folder: Path, name: str) -> dict[str, str]:
     try:
         mnt = Path(_run(["buildah", "mount", ctr]).stdout.strip())
         folder.mkdir(parents=True, exist_ok=True)
-        for key, inside, dest in (("sbom", SBOM_IN_IMAGE, f"{name}.sbom.json"), ("lock", LOCK_IN_IMAGE, f"{name}.lock.txt")):
+        for key, inside, dest in (("sbom", SBOM_IN_IMAGE, f"{name}.sbom.json"), ("lock", LOCK_IN_IMAGE, f"{name}.lock.txt"),
+                                  ("cuda_lock", CUDA_LOCK_IN_IMAGE, f"{name}.cuda.lock.txt")):
             if (mnt / inside).is_file():
                 shutil.copyfile(mnt / inside, folder / dest)
                 out[key] = str(folder / dest)
@@ -263,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("images", nargs="*", help=f"of {', '.join(IMAGES)} (default: all)")
     parser.add_argument("--json", type=Path, help="write what was built (image, key, cached, seconds) here")
     parser.add_argument("--force", action="store_true", help="rebuild even when the key is in the store")
+    parser.add_argument("--torch-index", metavar="URL",
+                        help="take torch from this index instead of the local CPU stand-in: "
+                             "https://pypi.org/simple gives PyPI's CUDA build with its nvidia-* libraries "
+                             "(the training image as production runs it, for its size; no GPU needed to build)")
     args = parser.parse_args(argv)
     args.images = args.images or list(IMAGES)
     if unknown := [n for n in args.images if n not in IMAGES]:
@@ -272,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         results = {"base": ensure_base()}
         if any(IMAGES[n]["base"] == "python" for n in args.images):
             results["python-base"] = ensure_python_base()
-        with tempfile.TemporaryDirectory(prefix="mf-index-") as work, torch_index(Path(work)) as index_url:
+        with tempfile.TemporaryDirectory(prefix="mf-index-") as work, (
+                contextlib.nullcontext(args.torch_index) if args.torch_index else torch_index(Path(work))) as index_url:
             for name in args.images:
                 results[name] = build(name, index_url, force=args.force)
                 if args.json:  # the SBOM and the lock beside what was built

@@ -44,13 +44,17 @@ RUN apt-get update \
 # training.requirements.in, which says why each package is here): first everything but torch, from
 # PyPI with no resolution of its own (--no-deps: the lock is the resolution), then the lock's torch
 # pin from the CUDA wheel index, constrained by the rest of the lock, which brings only that build's
-# own exactly pinned CUDA, cuDNN and NCCL packages (nvidia-*, triton). `pip check` fails the build
-# if the two halves disagree. The lock stays in the image beside the SBOM.
+# own CUDA, cuDNN and NCCL packages (nvidia-*, cuda-*, triton), under the CUDA lock's pins
+# (training.cuda.lock.txt: PyPI's CUDA build pins some of them only with ranges; the file names
+# nothing a CPU build installs). `pip check` fails the build if the halves disagree. Both locks stay
+# in the image beside the SBOM.
 COPY helm/images/training.lock.txt /opt/model-factory/requirements.lock.txt
+COPY helm/images/training.cuda.lock.txt /opt/model-factory/requirements.cuda.lock.txt
 RUN grep -v '^torch==' /opt/model-factory/requirements.lock.txt > /tmp/deps.lock \
  && grep '^torch==' /opt/model-factory/requirements.lock.txt > /tmp/torch.lock \
  && pip install --no-deps -r /tmp/deps.lock \
- && pip install --index-url "${TORCH_INDEX_URL}" -c /tmp/deps.lock -r /tmp/torch.lock \
+ && pip install --index-url "${TORCH_INDEX_URL}" -c /tmp/deps.lock \
+      -c /opt/model-factory/requirements.cuda.lock.txt -r /tmp/torch.lock \
  && pip check \
  && rm /tmp/deps.lock /tmp/torch.lock
 

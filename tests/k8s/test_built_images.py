@@ -75,12 +75,16 @@ def _holds_exactly_its_lock(built: dict, committed: str, own: set[str] = frozens
     sbom = json.loads(Path(built["sbom"]).read_text())
     in_image = Path(built["lock"]).read_text()
     assert in_image == (REPO / committed).read_text()
+    cuda = ""
+    if "cuda_lock" in built:  # the training image's CUDA additions (nothing a CPU build installs)
+        cuda = Path(built["cuda_lock"]).read_text()
+        assert cuda == (REPO / "helm/images/training.cuda.lock.txt").read_text()
     import tomllib
 
     ours = {"model-factory": tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]}
     third_party = {**sbom, "installed": [d for d in sbom["installed"]
                                          if lock.canonicalize_name(d["metadata"]["name"]) not in own]}
-    assert lock.unlocked(third_party, in_image) == []
+    assert lock.unlocked(third_party, in_image + cuda) == []
     # every pin is installed too: the lock is what the image holds, not a superset of it
     installed = lock.installed(sbom)
     assert sorted(set(lock.parse_lock(in_image)) - set(installed)) == []
@@ -88,6 +92,7 @@ def _holds_exactly_its_lock(built: dict, committed: str, own: set[str] = frozens
 
 
 def test_the_training_image_holds_exactly_what_its_lock_pins(training_built):
+    assert "cuda_lock" in training_built
     _holds_exactly_its_lock(training_built, "helm/images/training.lock.txt")
 
 

@@ -84,6 +84,38 @@ def test_the_code_location_lock_satisfies_the_packages_dependencies_and_constrai
     assert all(len(reqs) == 1 and str(reqs[0].specifier).startswith("==") for reqs in pins.values())
 
 
+def test_the_cuda_lock_pins_only_what_torchs_cuda_build_adds_to_the_training_lock():
+    """training.cuda.lock.txt: what PyPI's CUDA torch brings beyond the training lock, every one an
+    exact pin, nothing the CPU lock pins too (the Dockerfile installs torch under both)."""
+    cuda = (REPO / "helm/images/training.cuda.lock.txt").read_text()
+    cpu = (REPO / "helm/images/training.lock.txt").read_text()
+    pins, cpu_pins = lock.parse_lock(cuda), lock.parse_lock(cpu)
+    assert pins and not set(pins) & set(cpu_pins) and "torch" not in pins
+    assert all(n.startswith(("nvidia-", "cuda-", "triton")) for n in pins), sorted(pins)
+    assert all(len(reqs) == 1 and str(reqs[0].specifier).startswith("==") for reqs in pins.values())
+    assert "torch==2.13.0's CUDA build" in cuda.replace("\n# ", " ")
+    # an image with a CUDA torch holds exactly the two locks: a floating library (cuda-bindings is a
+    # range in torch's requirements) is named unless the CUDA lock pins it at the installed version
+    requires = ["cuda-bindings<14,>=13.0.3", "nvidia-nccl-cu13==2.29.7"]
+    name, version = "cuda-bindings", str(pins["cuda-bindings"][0].specifier).removeprefix("==")
+    sbom = _sbom(("torch", "2.13.0", requires), (name, version, []), ("nvidia-nccl-cu13", "2.29.7", []))
+    assert lock.unlocked(sbom, LOCK + cuda) == []
+    assert lock.unlocked(sbom, LOCK) == [f"{name} {version} (not in the lock)"]
+
+
+def test_the_cuda_resolution_becomes_the_cuda_lock_only_when_it_is_a_cuda_build():
+    import pytest
+
+    cpu = "numpy==2.4.6\ntorch==2.13.0\n"
+    compiled = "numpy==2.4.6\ntorch==2.13.0\n    # via -r torch.in\nnvidia-nccl-cu13==2.29.7\ntriton==3.7.1\n"
+    text = lock.finish_cuda_lock(compiled, cpu, "2.13.0")
+    assert text.splitlines()[-2:] == ["nvidia-nccl-cu13==2.29.7", "triton==3.7.1"]
+    with pytest.raises(lock.LockError, match="not PyPI's CUDA build"):
+        lock.finish_cuda_lock("numpy==2.4.6\ntorch==2.13.0+cpu\n", cpu, "2.13.0")
+    with pytest.raises(lock.LockError, match="no nvidia"):
+        lock.finish_cuda_lock("numpy==2.4.6\ntorch==2.13.0\n", cpu, "2.13.0")
+
+
 def test_each_lock_names_what_it_was_made_from():
     assert lock.header("training").startswith("# The training image's lock")
     code = lock.header("code-location")

@@ -25,14 +25,18 @@ def test_the_index_has_a_page_per_normalized_project_linking_its_wheels(tmp_path
 
 
 def test_the_cache_key_follows_the_images_inputs_and_build_arguments(tmp_path, monkeypatch):
-    args = {"GIT_SHA": "abc", "GIT_DIRTY": "false", "CUDA_BASE": "localhost/base", "TORCH_INDEX_URL": "http://x/simple"}
+    args = {"GIT_SHA": "abc", "GIT_DIRTY": "false", "CUDA_BASE": "localhost/base",
+            "TORCH_INDEX_URL": f"http://127.0.0.1:{local_build.INDEX_PORT}/simple"}
     key = local_build.build_key("training", args)
-    # the stand-ins' addresses change from run to run (a free port): not part of the key
-    assert local_build.build_key("training", {**args, "TORCH_INDEX_URL": "http://y/simple"}) == key
+    # the local stand-in's address (its port taken when the usual one is busy): not part of the key
+    assert local_build.build_key("training", {**args, "TORCH_INDEX_URL": "http://127.0.0.1:40111/simple"}) == key
+    # another index (--torch-index: PyPI's CUDA build) makes another image
+    assert local_build.build_key("training", {**args, "TORCH_INDEX_URL": "https://pypi.org/simple"}) != key
     assert local_build.build_key("training", {**args, "GIT_SHA": "def"}) != key
     # a file the training image copies changes its key; the code location's inputs are others
     fake = tmp_path / "repo"
-    for inp in ("helm/images/training.Dockerfile", "helm/images/training.lock.txt", "helm/images/runtime-user.sh",
+    for inp in ("helm/images/training.Dockerfile", "helm/images/training.lock.txt", "helm/images/training.cuda.lock.txt",
+                "helm/images/runtime-user.sh",
                 "training_runtime/a.py", "teams/b.py"):
         (fake / inp).parent.mkdir(parents=True, exist_ok=True)
         (fake / inp).write_text("x")
