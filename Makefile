@@ -76,9 +76,10 @@ images: $(STAMP) $(BUILDAH)
 	mkdir -p test-artifacts
 	$(PY) helm/images/local_build.py --json test-artifacts/images.json
 
-# The training image's lock (helm/images/training.lock.txt, what its Dockerfile installs), made from
-# helm/images/training.requirements.in by uv pip compile: after editing the requirements, run this
-# and commit both (tests/k8s/test_image_lock.py fails while the lock is behind them).
+# The images' locks, made by uv pip compile (helm/images/lock.py): training.lock.txt from
+# training.requirements.in, training.cuda.lock.txt (what PyPI's CUDA torch adds), and
+# code-location.lock.txt from pyproject.toml under constraints.txt. After editing any of those, run
+# this and commit the locks (tests/k8s/test_image_lock.py fails while a lock is behind them).
 images-lock: $(STAMP)
 	$(PY) helm/images/lock.py
 
