@@ -123,6 +123,23 @@ def test_no_restart_follows_a_deterministic_failure_the_last_restart_or_a_peers_
     assert told.lines == told_last.lines == told_mine.lines == []
 
 
+def test_an_elastic_gangs_preempted_rank_keeps_the_session_open_with_no_restart_left_to_count(tmp_path):
+    """A grow-back SIGTERMs the workers without spending a restart: with the count at its maximum
+    (a node was lost before) the preempted rank 0 still leaves the Pipes session open."""
+    from training_runtime.distributed.elastic import ELASTIC_ENV
+    from training_runtime.train.failures import TrainingPreempted
+
+    recorder, told = _recorder(tmp_path / "elastic", restart=1, max_restarts=1)
+    recorder.environ = {**recorder.environ, ELASTIC_ENV: "1:2"}
+    recorder.record(TrainingPreempted("stopped on SIGTERM after saving checkpoint 8"))
+    (line,) = told.lines
+    assert line == ("attempt L001-R001-run stopped on rank 0 after its checkpoint: the elastic gang re-forms "
+                    "(a node joined or left) and resumes from it")
+    fixed, told_fixed = _recorder(tmp_path / "fixed", restart=1, max_restarts=1)  # no elastic gang
+    fixed.record(TrainingPreempted("stopped on SIGTERM after saving checkpoint 8"))
+    assert told_fixed.lines == []  # the last restart: the session closes
+
+
 def _pipes_env(tmp_path: Path, monkeypatch) -> Path:
     context = {"asset_keys": ["checkpoint"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
                "partition_key": None, "partition_key_range": None, "partition_time_window": None, "run_id": "r1",

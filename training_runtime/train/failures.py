@@ -192,7 +192,17 @@ class FailureRecorder:
         if record["kind"] == DETERMINISTIC and self.environ.get("TORCHELASTIC_RUN_ID") and not self.stopping:
             self.stopping = True
             self.at_exit(stop_elastic_agent, dict(self.environ), str(self.log.dir) if self.log else None)
-        if self.reporter is not None and self.restart_follows(record):
+        if self.reporter is not None and self.log is not None and record["cause"] == "preempted" \
+                and self.environ.get(ELASTIC_ENV):
+            # An elastic gang's agent SIGTERMs its workers to re-form when a node joins (or after a
+            # node is lost), and torchrun does not count that restart against max_restarts: so the
+            # count cannot say whether one follows. Closing the Pipes session here made Dagster warn
+            # about every message of the re-formed gang ("unexpected message received after
+            # closed"); the session stays open for the rank 0 that finishes the training.
+            self.reporter.restarting(
+                f"attempt {self.log.attempt.name} stopped on rank {self.log.rank} after its checkpoint: the elastic "
+                "gang re-forms (a node joined or left) and resumes from it")
+        elif self.reporter is not None and self.restart_follows(record):
             attempt = self.log.attempt
             self.reporter.restarting(
                 f"attempt {attempt.name} ended on rank {self.log.rank}: {record['message']}; torchrun restarts "
