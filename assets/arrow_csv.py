@@ -56,32 +56,68 @@ def _pandas_null_values() -> list[str]:
     return sorted(STR_NA_VALUES)
 
 
-def arrow_frames(spec: PipelineSpec, path: Path, rows: int) -> Iterator[pd.DataFrame]:
+def arrow_frames(spec: PipelineSpec, path: Path, rows: int, seen: dict | None = None) -> Iterator[pd.DataFrame]:
     """The file as pandas would parse it, ``rows`` rows at a time (the last chunk fewer); a frame's
     columns share Arrow's buffers. Raises ``ArrowFallback`` where pandas' reader is needed
-    instead (see the module's docstring)."""
-    import pyarrow as pa
-
+    instead (see the module's docstring). ``seen`` receives the types the first piece fixed
+    (``fixed_types``): what an append to this file is parsed with (``appended_frames``)."""
     with open(path, "rb") as f:
         header = f.readline()
         if header.count(b'"') % 2:
             raise ArrowFallback(f"{path.name}: the header's quotes span lines")
         names = _names(path, header)
         reader = _PieceReader(spec, path, names)
-        pending: list = []
-        held = total = 0
-        for table in reader.tables(f):
-            pending.append(table)
-            held += table.num_rows
-            while held >= rows:
-                joined = pa.concat_tables(pending)
-                yield _frame(joined.slice(0, rows), reader.nulls)
-                total += rows
-                pending, held = [joined.slice(rows)], held - rows
-        if held:
-            yield _frame(pa.concat_tables(pending), reader.nulls)
-        elif not total:  # header only: pandas gives its columns as text
+        total = 0
+        for frame in _chunked(reader.tables(f), reader, rows, rows):
+            if seen is not None and not seen:
+                seen.update(fixed_types(reader, len(header)))
+            total += len(frame)
+            yield frame
+        if not total:  # header only: pandas gives its columns as text
             raise ArrowFallback(f"{path.name}: no rows")
+
+
+def _chunked(tables, reader: _PieceReader, first: int, rows: int) -> Iterator[pd.DataFrame]:
+    """The pieces' rows as frames of ``first`` rows, then ``rows`` each (the last fewer)."""
+    import pyarrow as pa
+
+    pending: list = []
+    held, size = 0, first
+    for table in tables:
+        pending.append(table)
+        held += table.num_rows
+        while held >= size:
+            joined = pa.concat_tables(pending)
+            yield _frame(joined.slice(0, size), reader.nulls)
+            pending, held, size = [joined.slice(size)], held - size, rows
+    if held:
+        yield _frame(pa.concat_tables(pending), reader.nulls)
+
+
+def fixed_types(reader: _PieceReader, header_bytes: int) -> dict:
+    """What a file's first piece fixed, as JSON: the column types, the all-null columns, and how
+    many bytes that piece was cut from (an append leaves the piece as it was only when the old
+    file held at least that many bytes after its header)."""
+    return {"types": {name: str(t) for name, t in reader.types.items()}, "nulls": list(reader.nulls),
+            "piece_bytes": reader.piece_bytes, "header_bytes": header_bytes}
+
+
+def appended_frames(spec: PipelineSpec, path: Path, start: int, fixed: dict, first: int,
+                    rows: int) -> Iterator[pd.DataFrame]:
+    """The rows of ``path`` from byte ``start`` on (a line start), parsed with the types the
+    published version's first piece fixed (``fixed_types``), in frames of ``first`` rows, then
+    ``rows``: the frames a parse of the whole file gives for those rows, since every piece after
+    the first is parsed with the first one's types. A value that does not fit them raises
+    ``ArrowFallback``, as it does mid-way through the whole file."""
+    import pyarrow as pa
+
+    with open(path, "rb") as f:
+        names = _names(path, f.readline())
+        reader = _PieceReader(spec, path, names)
+        reader.types = {name: pa.type_for_alias(t) for name, t in fixed["types"].items()}
+        reader.nulls, reader._fixed = list(fixed["nulls"]), True
+        f.seek(start)
+        yield from _chunked(reader.tables(f), reader, first, rows)
 
 
 def _names(path: Path, header: bytes) -> list[str]:
@@ -106,10 +142,10 @@ class _PieceReader:
         self.types: dict = {}  # inferred in the first piece
         self.nulls: list[str] = []  # columns empty in the first piece: float64 NaN, as pandas has them
         self._fixed = False
+        self.piece_bytes = int(min(PIECE_BYTES, max(1 << 20, spec.source.chunk_mb * 2**20)))
 
     def tables(self, f: BinaryIO) -> Iterator:
-        size = int(min(PIECE_BYTES, max(1 << 20, self.spec.source.chunk_mb * 2**20)))
-        for piece, quoted in _pieces(f, size):
+        for piece, quoted in _pieces(f, self.piece_bytes):
             table = self._parse(piece, quoted)
             if not self._fixed:
                 self._check(table.schema)

@@ -19,7 +19,7 @@ per row group, and reads back as one array without per-column conversion.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,21 @@ class Ingested:
     columns: int  # columns of the source as parsed (first chunk)
     path: Path  # the validated rows as Parquet; meaningful only when report.passed
     reader: str = "pandas"  # which parser read the source: "arrow", or "pandas" with the reason
+    how: str = ""  # for the log: the rows appended to the published version's, or why every row was read
+    record: dict | None = None  # what a later version's append builds on (``ingest_record_path``)
+    keys: Path | None = None  # the raw suite's key table of every row, beside the record
+    checker: ChunkedRawSuite | None = field(default=None, repr=False, compare=False)  # the suite as it ended
+    last_chunk: dict | None = None  # the last chunk's rows and dtypes (``chunk_shape``)
+
+
+def ingest_record_path(dataset: str) -> str:
+    """The published raw copy's ingest record (``Ingested.record``): what an append builds on."""
+    return dataset_prefix(dataset) + "raw/ingest.json"
+
+
+def keys_path(dataset: str) -> str:
+    """The raw suite's key table of every row of the raw copy, beside its record."""
+    return dataset_prefix(dataset) + "raw/keys.parquet"
 
 
 def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[Any]] | None,
@@ -59,7 +74,8 @@ def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[A
 
     A source's files (``SourceChunks``) are parsed by Arrow where that gives what pandas gives;
     where it would not, Arrow says so (``ArrowFallback``) and the source is read again, by pandas,
-    from the start (a new checker, a new Parquet file), so the report is the one pandas' chunks get."""
+    from the start (a new checker, a new Parquet file), so the report is the one pandas' chunks get.
+    (A source grown by appended rows can be ingested by those alone: assets/append.py.)"""
     fast = chunks.fast() if isinstance(chunks, SourceChunks) else None
     if fast is not None:
         try:
@@ -84,12 +100,13 @@ def _ingest(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[Any]] |
     writer = _ParquetAppender(out, spec)
     error: str | None = None
     ids: list[np.ndarray] = []
-    columns = None
+    columns = last = None
     rows = 0
     try:
         for chunk in prefetched(chunks):  # the next chunk is parsed while this one is checked
             columns = len(chunk.columns) if columns is None else columns
             rows += len(chunk)
+            last = chunk_shape(chunk)
             if checker is not None:
                 checker.add(chunk)
             if error is None and len(chunk):
@@ -108,7 +125,14 @@ def _ingest(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[Any]] |
     if error is None and spec.id_column:
         error = _duplicate_ids(spec, ids)
     report = checker.finish() if checker is not None else QualityReport(asset, [])
-    return Ingested(report=report.with_failure(error), rows=rows, columns=columns or 0, path=out, reader=reader)
+    return Ingested(report=report.with_failure(error), rows=rows, columns=columns or 0, path=out, reader=reader,
+                    checker=checker, last_chunk=last)
+
+
+def chunk_shape(chunk: pd.DataFrame) -> dict:
+    """A chunk's rows and its columns' dtypes: what decides its schema checks' verdicts (pandas
+    gives an integer column with a null float64, a bool one object)."""
+    return {"rows": len(chunk), "dtypes": {str(c): str(t) for c, t in chunk.dtypes.items()}}
 
 
 def _duplicate_ids(spec: PipelineSpec, parts: list[np.ndarray]) -> str | None:
@@ -168,8 +192,19 @@ class _ParquetAppender:
         self._schema = pa.schema(fields, metadata=metadata)
 
     def append(self, features: np.ndarray, targets: np.ndarray, ids: np.ndarray | None) -> None:
-        import pyarrow as pa
+        self.append_table(self.table(features, targets, ids))
+
+    def append_table(self, table) -> None:
+        """One row group of ``table`` (a single chunk per column, as ``table`` makes it)."""
         import pyarrow.parquet as pq
+
+        if self._writer is None:
+            dictionary = [self.spec.label_column] if self.spec.task == "classification" else False
+            self._writer = pq.ParquetWriter(self.path, self._schema, use_dictionary=dictionary, compression="lz4")
+        self._writer.write_table(table)
+
+    def table(self, features: np.ndarray, targets: np.ndarray, ids: np.ndarray | None):
+        import pyarrow as pa
 
         width = len(self.spec.feature_columns)
         columns = [pa.array(ids, pa.string())] if self.spec.id_column else []
@@ -179,10 +214,14 @@ class _ParquetAppender:
         else:
             columns.append(pa.array(targets, self._target_type))
         columns.append(pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(features).reshape(-1)), width))
-        if self._writer is None:
-            dictionary = [self.spec.label_column] if self.spec.task == "classification" else False
-            self._writer = pq.ParquetWriter(self.path, self._schema, use_dictionary=dictionary, compression="lz4")
-        self._writer.write_table(pa.Table.from_arrays(columns, schema=self._schema))
+        return pa.Table.from_arrays(columns, schema=self._schema)
+
+    def single(self, table):
+        """``table`` (read back from a raw copy, or joined from two) with one chunk per column
+        and this file's schema: what ``table`` gives for the same rows, so its bytes are too."""
+        import pyarrow as pa
+
+        return pa.Table.from_arrays([c.combine_chunks() for c in table.columns], schema=self._schema)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets import ingest, quality
+from assets import append, ingest, quality
 from assets.kinds import data_kind
 from assets.kinds.image_store import put_shards, strip_carried
 from assets.sharding import (
@@ -91,14 +91,15 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                 return
             context.log.info(not_reused_line(name, reuse, key))
             try:
-                ingested = ingest.ingest_chunks(spec, f"{name}/raw_dataset", spec.expectations.raw(spec), chunks,
-                                                Path(tmp) / "data.parquet")
+                ingested = append.ingest_source(spec, f"{name}/raw_dataset", spec.expectations.raw(spec), chunks,
+                                                Path(tmp) / "data.parquet", key=key, published=_published_raw(s, name))
             except SourceError as exc:
                 raise dg.Failure(description=str(exc), allow_retries=False) from exc
+            context.log.info(f"{name}: {ingested.how}")
             report = ingested.report
             branch = ensure_run_branch(s, context.run_id)
             if report.passed:  # otherwise only the evidence stays on the run branch; nothing reaches main
-                s.put_file(branch, ingest.raw_path(name), ingested.path)
+                _put_raw(s, branch, name, ingested)
             s.put_object(branch, ingest.dataset_prefix(name) + "raw/sources.json",
                          json.dumps(sources, indent=2, sort_keys=True).encode())
         commit_id = _commit_checked(context, s, branch, platform, report, "raw_dataset",
@@ -320,6 +321,28 @@ def part_salt(key: dict | None) -> str:
     """What a table part's key is salted with: the data key's parameters and code (not its sources,
     whose change is what parts absorb), so any change of how rows become shards makes every part new."""
     return f"{key.get('parameters', '')}:{key.get('code', '')}" if key else ""
+
+
+def _published_raw(store, name: str) -> append.Published | None:
+    """The ingest record of the raw copy on main, which an appended source builds on; None before
+    the first version."""
+    try:
+        record = json.loads(store.get_object(MAIN, ingest.ingest_record_path(name)))
+    except RefNotFoundError:
+        return None
+    return append.Published(record=record, fetch=lambda path, dest: store.download(MAIN, path, dest))
+
+
+def _put_raw(store, branch: str, name: str, ingested: ingest.Ingested) -> None:
+    """The raw copy and its ingest record; the key table beside it, or none (the run branch holds
+    main's: a stale one must not outlive the raw copy it describes)."""
+    store.put_file(branch, ingest.raw_path(name), ingested.path)
+    record = ingested.record or {"not_appendable": "no ingest record (a loader's frame, or no suite)"}
+    store.put_object(branch, ingest.ingest_record_path(name), json.dumps(record, indent=1, sort_keys=True).encode())
+    if ingested.keys is not None:
+        store.put_file(branch, ingest.keys_path(name), ingested.keys)
+    elif store.exists(branch, ingest.keys_path(name)):
+        store.delete_object(branch, ingest.keys_path(name))
 
 
 def _published_shards(store, prefix: str) -> tuple[str | None, dict | None]:

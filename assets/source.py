@@ -59,6 +59,7 @@ class SourceChunks:
 
     def __init__(self, spec: PipelineSpec, files: list[Path], rows: int):
         self.spec, self.files, self.rows = spec, list(files), rows
+        self.fixed: dict[int, dict] = {}  # file index -> the types Arrow's first piece fixed (``fast``)
 
     def __iter__(self) -> Iterator[pd.DataFrame]:
         return _source_chunks(self.spec, self.files, self.rows, arrow=False)
@@ -69,7 +70,8 @@ class SourceChunks:
 
         if not any(arrow_csv.applies(self.spec, path) for path in self.files):
             return None
-        return _source_chunks(self.spec, self.files, self.rows, arrow=True)
+        self.fixed = {}
+        return _source_chunks(self.spec, self.files, self.rows, arrow=True, fixed=self.fixed)
 
 
 def iter_source_chunks(spec: PipelineSpec, files: list[Path], rows: int) -> SourceChunks:
@@ -77,17 +79,18 @@ def iter_source_chunks(spec: PipelineSpec, files: list[Path], rows: int) -> Sour
     return SourceChunks(spec, files, rows)
 
 
-def _source_chunks(spec: PipelineSpec, files: list[Path], rows: int, arrow: bool) -> Iterator[pd.DataFrame]:
+def _source_chunks(spec: PipelineSpec, files: list[Path], rows: int, arrow: bool,
+                   fixed: dict[int, dict] | None = None) -> Iterator[pd.DataFrame]:
     from assets import arrow_csv
 
-    for path in files:
+    for i, path in enumerate(files):
         suffix = path.suffix.lower()
         if path.stat().st_size == 0:
             raise SourceError(f"source file {path.name!r} is empty (0 bytes)")
         if suffix not in (".parquet", ".pq", ".csv", ".txt"):
             raise SourceError(f"source file {path.name!r}: unsupported type {suffix!r}; use .csv or .parquet")
         if arrow and arrow_csv.applies(spec, path):
-            yield from arrow_csv.arrow_frames(spec, path, rows)
+            yield from arrow_csv.arrow_frames(spec, path, rows, None if fixed is None else fixed.setdefault(i, {}))
             continue
         try:
             if suffix in (".parquet", ".pq"):

@@ -174,6 +174,34 @@ class ChunkedRawSuite:
             return positives_table(self.counts, self.rows, self.label_columns)
         return classes_table(self.counts, self.rows)
 
+    def state(self) -> dict:
+        """What ``resume`` needs to go on with more rows as if they followed these (JSON): the row
+        count, the class counts in their order, each map expectation's sums and the key columns
+        missing from the source. The key table itself is ``key_table()``, kept beside it."""
+        return {"rows": self.rows, "counts": [[str(k), int(v)] for k, v in self.counts.items()],
+                "absent": sorted(self._absent),
+                "map": {f"{table}/{i}": [m.total, m.nonnull, m.unexpected]
+                        for table, merged in self._per_chunk.items() for i, m in merged if m.kind == "map"}}
+
+    def resume(self, state: dict, keys: pd.DataFrame) -> None:
+        """Continue from a published version's ``state`` and key table: the verdicts ``finish`` then
+        gives are those of one pass over its rows and the rows added since, provided that every
+        chunk added is one such a pass would make (its rows and dtypes: assets/ingest.py proves
+        that) and that the version passed, so every schema check held on its chunks (a schema
+        check has no sums; it must hold on each chunk)."""
+        if self.rows:
+            raise ValueError("resume a suite before adding chunks to it")
+        self.rows = int(state["rows"])
+        self.counts = pd.Series({k: v for k, v in state["counts"]}, dtype="int64")
+        self._absent = set(state["absent"])
+        for table, merged in self._per_chunk.items():
+            for i, m in merged:
+                if m.kind == "map":
+                    m.total, m.nonnull, m.unexpected = state["map"][f"{table}/{i}"]
+        for name in self._key_columns:
+            if name not in self._absent:
+                self._keys[name] = [keys[name].to_numpy()]
+
     def finish(self) -> QualityReport:
         done: dict[tuple[str, int], ExpectationOutcome] = {}
         for table, merged in self._per_chunk.items():
