@@ -11,7 +11,8 @@ checks, its commits and its publication on main:
 
 The second version and the full ingest are timed from the job's start to its end, in an order
 ``--full-first`` can turn round. One JSON line: their wall times, each data step's time, and
-what the shards asset says it sharded and read back."""
+what the raw asset says it ingested (the appended rows alone, or every row and why) and what the
+shards asset says it sharded and read back."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from pathlib import Path
 from benchmarks.common import emit
 
 PIPELINE, FULL = "bench_table", "bench_table_full"
+# the raw asset's line on how it ingested (assets/append.py): the new rows alone, or every row and why
+APPENDED = "appended to the published version's"
+INGEST_LINES = (APPENDED, "every row read (")
 DIM = 256
 
 
@@ -63,7 +67,7 @@ def run_job(defs, instance, name: str) -> dict:
     if not result.success:
         errs = [e.event_specific_data.error.message.strip() for e in result.all_events if e.is_failure]
         raise SystemExit(f"{name}: the run failed: {errs}")
-    starts, steps, said = {}, {}, []
+    starts, steps, said, raw = {}, {}, [], []
     for entry in instance.all_logs(result.run_id):
         ev = entry.dagster_event
         if ev is not None and ev.step_key and ev.event_type_value == "STEP_START":
@@ -72,8 +76,11 @@ def run_job(defs, instance, name: str) -> dict:
             steps[ev.step_key.split("__")[-1]] = entry.timestamp - starts[ev.step_key]
         elif "part(s) sharded" in (entry.user_message or "") or "shard checks on" in (entry.user_message or ""):
             said.append(entry.user_message)
+        elif any(w in (entry.user_message or "") for w in INGEST_LINES):
+            raw.append(entry.user_message)
     made = re.search(r": (\d+) of (\d+) part\(s\) sharded", said[0]) if said else None
-    return {"wall_s": wall, "step_seconds": steps, "shards_log": said,
+    return {"wall_s": wall, "step_seconds": steps, "shards_log": said, "raw_log": raw,
+            "appended": bool(raw) and APPENDED in raw[0],
             "parts_made": int(made.group(1)) if made else None, "parts": int(made.group(2)) if made else None}
 
 
