@@ -149,3 +149,34 @@ def test_a_bad_value_in_the_appended_rows_fails_the_raw_gate(platform):
     assert _said(platform, second, "appended to the published version's")
     assert not second.success
     assert "expect_column_values_to_be_in_set" in failure_messages(second)
+
+
+def test_appended_rows_that_would_change_the_last_chunks_dtypes_are_read_whole(platform):
+    """A missing label in the rows that complete the published version's last chunk turns that
+    chunk's int64 labels to float64 in a whole parse: the per-chunk checks would see other values,
+    so every row is read, and the missing label fails the gate as it always did."""
+    spec = _spec("ledger", "ledger/table.csv")
+    added = _frame(range(2000, 2010)).astype({"label": "Int64"})
+    added.loc[1, "label"] = None
+    second = _grow(platform, spec, "ledger/table.csv", added)
+    said = _said(platform, second, "every row read (2010)")
+    assert len(said) == 1 and "would change the dtypes of the chunk they complete ({'label': 'int64 -> float64'})" \
+        in said[0], said
+    assert not second.success and "label column 'label' has missing values" in failure_messages(second)
+
+
+def test_only_the_last_file_may_grow(platform):
+    spec = _spec("ledger", "ledger/*.csv")
+    _write(platform, "ledger/a.csv", _frame(range(1000)))
+    _write(platform, "ledger/b.csv", _frame(range(1000, 2000)))
+    first = platform.run(spec)
+    assert first.success, failure_messages(first)
+    _write(platform, "ledger/b.csv", _frame(range(2000, 2010)), mode="a")
+    second = platform.run(spec)
+    assert second.success, failure_messages(second)
+    assert _said(platform, second, "appended to the published version's 2000 row(s): 10 new row(s) of b.csv")
+
+    _write(platform, "ledger/a.csv", _frame(range(2010, 2020)), mode="a")
+    third = platform.run(spec)
+    assert third.success, failure_messages(third)
+    assert _said(platform, third, "every row read (2020): a.csv changed, and only the last file may grow")
