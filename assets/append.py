@@ -50,6 +50,8 @@ from assets.quality.chunked import ChunkedRawSuite
 from assets.source import SourceChunks, SourceError, file_sha256, validated_arrays
 from core.spec import PipelineSpec
 
+# A record's layout and meaning. The data key's code (assets/data_key.py DATA_CODE) does not cover
+# this module, whose output is a full ingest's, so a change to what a record holds bumps this.
 RECORD_VERSION = 1
 
 

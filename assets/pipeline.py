@@ -337,7 +337,8 @@ def _put_raw(store, branch: str, name: str, ingested: ingest.Ingested) -> None:
     """The raw copy and its ingest record; the key table beside it, or none (the run branch holds
     main's: a stale one must not outlive the raw copy it describes)."""
     store.put_file(branch, ingest.raw_path(name), ingested.path)
-    record = ingested.record or {"not_appendable": "no ingest record (a loader's frame, or no suite)"}
+    record = ingested.record or {"version": append.RECORD_VERSION,
+                                 "not_appendable": "no ingest record (a loader's frame, or no suite)"}
     store.put_object(branch, ingest.ingest_record_path(name), json.dumps(record, indent=1, sort_keys=True).encode())
     if ingested.keys is not None:
         store.put_file(branch, ingest.keys_path(name), ingested.keys)
