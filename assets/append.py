@@ -50,8 +50,9 @@ from assets.quality.chunked import ChunkedRawSuite
 from assets.source import SourceChunks, SourceError, file_sha256, validated_arrays
 from core.spec import PipelineSpec
 
-# A record's layout and meaning. The data key's code (assets/data_key.py DATA_CODE) does not cover
-# this module, whose output is a full ingest's, so a change to what a record holds bumps this.
+# A record's layout and meaning. The data key's code (assets/data_key.py DATA_CODE) covers neither
+# this module nor assets/arrow_csv.py, whose output is a full ingest's: a change to what a record
+# holds, or to how Arrow's reader fixes types, bumps this.
 RECORD_VERSION = 1
 
 
@@ -169,6 +170,9 @@ def plan(spec: PipelineSpec, chunks, suite, key: Mapping[str, str] | None, publi
     if not published["ends_line"]:
         return f"{grown.name} did not end with a line end when published: its last row may go on"
     fixed = published["fixed"]
+    if fixed["piece_bytes"] != arrow_csv.piece_bytes(spec):
+        return (f"Arrow's pieces are {arrow_csv.piece_bytes(spec)} bytes now, {fixed['piece_bytes']} when published: "
+                "a whole parse would fix its types from another first piece")
     if start - fixed["header_bytes"] < fixed["piece_bytes"]:
         return (f"{grown.name} held less than one Arrow piece ({fixed['piece_bytes']} bytes) when published: "
                 "a whole parse would infer its types from the appended rows too")

@@ -44,6 +44,11 @@ class ArrowFallback(Exception):
     """Arrow's reader would not give what pandas' gives for this file; read it with pandas."""
 
 
+def piece_bytes(spec: PipelineSpec) -> int:
+    """The size of the pieces a file is parsed in (``PIECE_BYTES``, less for small chunks)."""
+    return int(min(PIECE_BYTES, max(1 << 20, spec.source.chunk_mb * 2**20)))
+
+
 def applies(spec: PipelineSpec, path: Path) -> bool:
     """Arrow reads CSV files of pipelines that set no pandas ``csv_options`` (those have no
     Arrow equivalent here)."""
@@ -142,7 +147,7 @@ class _PieceReader:
         self.types: dict = {}  # inferred in the first piece
         self.nulls: list[str] = []  # columns empty in the first piece: float64 NaN, as pandas has them
         self._fixed = False
-        self.piece_bytes = int(min(PIECE_BYTES, max(1 << 20, spec.source.chunk_mb * 2**20)))
+        self.piece_bytes = piece_bytes(spec)
 
     def tables(self, f: BinaryIO) -> Iterator:
         for piece, quoted in _pieces(f, self.piece_bytes):

@@ -180,3 +180,24 @@ def test_only_the_last_file_may_grow(platform):
     third = platform.run(spec)
     assert third.success, failure_messages(third)
     assert _said(platform, third, "every row read (2020): a.csv changed, and only the last file may grow")
+
+
+@pytest.mark.parametrize("pieces, why", [
+    ((1 << 20, 1 << 20), "table.csv held less than one Arrow piece (1048576 bytes) when published"),
+    ((2048, PIECE), "Arrow's pieces are 4096 bytes now, 2048 when published"),
+])
+def test_an_append_whose_types_a_whole_parse_may_infer_otherwise_is_read_whole(platform, monkeypatch, pieces, why):
+    """Arrow fixes the types from a file's first piece: when that piece would hold new rows (the
+    file, about 85 kB, was smaller than a piece) or pieces are cut otherwise, nothing proves that
+    the appended rows parse as a whole parse would parse them."""
+    spec = _spec("ledger", "ledger/table.csv")
+    _write(platform, "ledger/table.csv", _frame(range(2000)))
+    monkeypatch.setattr(arrow_csv, "PIECE_BYTES", pieces[0])
+    first = platform.run(spec)
+    assert first.success, failure_messages(first)
+    monkeypatch.setattr(arrow_csv, "PIECE_BYTES", pieces[1])
+    _write(platform, "ledger/table.csv", _frame(range(2000, 2010)), mode="a")
+    second = platform.run(spec)
+    assert second.success, failure_messages(second)
+    said = _said(platform, second, "every row read (2010)")
+    assert len(said) == 1 and why in said[0], said
