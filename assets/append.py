@@ -38,9 +38,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from dataclasses import replace
 from typing import Any, Callable
 
 from assets import arrow_csv, ingest
@@ -50,9 +49,9 @@ from assets.quality.chunked import ChunkedRawSuite
 from assets.source import SourceChunks, SourceError, file_sha256, validated_arrays
 from core.spec import PipelineSpec
 
-# A record's layout and meaning. The data key's code (assets/data_key.py DATA_CODE) covers neither
-# this module nor assets/arrow_csv.py, whose output is a full ingest's: a change to what a record
-# holds, or to how Arrow's reader fixes types, bumps this.
+# A record's layout and meaning: a change to what a record holds bumps this. (A change to this module
+# or to assets/arrow_csv.py also changes the data key's code, assets/data_key.py DATA_CODE, so no
+# version built on an older record is reused.)
 RECORD_VERSION = 1
 
 
