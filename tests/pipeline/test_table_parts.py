@@ -197,6 +197,13 @@ def test_a_version_with_appended_rows_commits_only_the_new_parts_shards(platform
     # at most two more cuts in 30 rows.
     assert gone <= {before["parts"][-1]["key"]}, "an append after the last id rewrote parts before the last"
     assert 1 <= len(new) <= 3 and len(after["parts"]) >= 30
+    # exactly: v2 is v1's parts but the last, in order, then the new ones, the first of which starts
+    # where the replaced part started (the appended rows continue it)
+    after_keys = [p["key"] for p in after["parts"]]
+    kept = [p["key"] for p in before["parts"]][:len(before["parts"]) - len(gone)]
+    assert after_keys[:len(kept)] == kept and set(after_keys[len(kept):]) == new
+    if gone:
+        assert after["parts"][len(kept)]["first_id"] == before["parts"][-1]["first_id"]
 
     def files(manifest: dict, keys: set[str]) -> set[str]:
         return {prefix + path for p in manifest["parts"] if p["key"] in keys for i in p["splits"].values()
