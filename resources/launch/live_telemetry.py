@@ -25,6 +25,7 @@ from functools import cached_property
 from typing import Any, Callable, Iterator, Mapping
 
 import dagster as dg
+from dagster_pipes import PIPES_PROTOCOL_VERSION, PIPES_PROTOCOL_VERSION_FIELD
 
 from resources.launch.observation_thinning import ObservationThinning
 from resources.launch.pipes_reader import CompleteLineTempFileMessageReader
@@ -198,11 +199,32 @@ class ForwardsTrainingMessages:
 
     @contextmanager
     def read_messages(self, handler: Any) -> Iterator[Any]:
-        with super().read_messages(ForwardingMessageHandler(handler, self.live)) as params:  # type: ignore[misc]
-            yield params
+        try:
+            with super().read_messages(ForwardingMessageHandler(handler, self.live)) as params:  # type: ignore[misc]
+                yield params
+        finally:
+            close_left_open(handler)
         # After the reader has delivered every message (a failed session raises before this: its
         # figures up to the last observed one are what there is to see).
         self.live.flush()
+
+
+CLOSED_FOR_THE_TRAINING = ("[pipes] the training ended with its Pipes session open: its last attempt failed in a "
+                           "way a new attempt may fix (or was killed) and no attempt followed in this launch; "
+                           "every message it wrote was read, and the launcher closes the session")
+
+
+def close_left_open(handler: Any) -> None:
+    """Close a session the training opened and left open. Rank 0 leaves it open after a failure
+    a new attempt may fix, since torchrun, an elastic gang or the Job controller may start one in
+    this same session (training_runtime/observe/pipes.py); once the reader has read the launch to
+    its end, none will. Without this Dagster warns that "buffered messages may have been
+    discarded", which the launchers' channels (a file appended to per message, a pod's log) never
+    do; the step still fails, with the training's own account of why (the attempt records)."""
+    if handler.received_opened_message and not handler.received_closed_message:
+        handler._context.log.info(CLOSED_FOR_THE_TRAINING)  # noqa: SLF001 (Dagster's readers log through it too)
+        handler.handle_message({PIPES_PROTOCOL_VERSION_FIELD: PIPES_PROTOCOL_VERSION, "method": "closed",
+                                "params": {}})
 
 
 class LiveTempFileMessageReader(ForwardsTrainingMessages, CompleteLineTempFileMessageReader):

@@ -226,6 +226,96 @@ def test_dagsters_pipes_handler_reads_both_attempts_without_a_warning(tmp_path, 
     assert any("peer gone; torchrun restarts" in line for line in logs)
 
 
+def test_a_retryable_failure_leaves_the_session_open_whatever_torchruns_count_says(tmp_path, monkeypatch):
+    """A fixed gang's pod may be replaced by the Job controller, and an elastic gang re-forms
+    without spending a torchrun restart: rank 0 cannot tell whether another attempt follows in
+    this session, so a failure a new attempt may fix writes no "closed", recorded or not. A
+    deterministic one still closes it."""
+    from training_runtime.observe.pipes import PipesReporter
+
+    for exc in (OSError(28, "No space left on device"), RuntimeError("Connection closed by peer")):
+        (tmp_path / type(exc).__name__).mkdir()
+        messages = _pipes_env(tmp_path / type(exc).__name__, monkeypatch)
+        _new_process(monkeypatch)
+        with pytest.raises(type(exc)):
+            with PipesReporter({"TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "1"}) as reporter:
+                reporter.info("step 5/10")
+                reporter.recorded()  # in the attempt's records; torchrun has no restart left
+                raise exc
+        assert [json.loads(line)["method"] for line in messages.read_text().splitlines()] == ["opened", "log"]
+    (tmp_path / "deterministic").mkdir()
+    messages = _pipes_env(tmp_path / "deterministic", monkeypatch)
+    _new_process(monkeypatch)
+    with pytest.raises(KeyError):
+        with PipesReporter({}):
+            raise KeyError("label")
+    closed = json.loads(messages.read_text().splitlines()[-1])
+    assert closed["method"] == "closed" and "exception" in closed["params"]
+
+
+def _session_log(attempts, monkeypatch) -> tuple[list, list[str]]:
+    """Run ``attempts`` (callables given a reporter) as rank 0's successive processes inside one
+    real Pipes session read by the launcher's reader: (custom messages, the run's log lines)."""
+    from resources.launch.live_telemetry import LiveTempFileMessageReader
+    from training_runtime.observe.pipes import PipesReporter
+
+    @dg.op
+    def training(context):
+        reader = LiveTempFileMessageReader(context=context)
+        with dg.open_pipes_session(context=context, context_injector=dg.PipesEnvContextInjector(),
+                                   message_reader=reader) as session:
+            for key, value in session.get_bootstrap_env_vars().items():
+                monkeypatch.setenv(key, value)
+            for restart, attempt in enumerate(attempts):
+                _new_process(monkeypatch)
+                try:
+                    with PipesReporter({"TORCHELASTIC_RESTART_COUNT": str(restart)}) as reporter:
+                        attempt(reporter)
+                except OSError:
+                    pass  # this attempt's failure; the launch goes on or ends
+        return [m.get("step") for m in session.get_custom_messages()]
+
+    @dg.job
+    def job():
+        training()
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance)
+        logs = [e.user_message for e in instance.all_logs(result.run_id)]
+    return result.output_for_node("training"), logs
+
+
+def test_a_replacement_attempt_torchrun_did_not_count_is_read_without_a_warning(monkeypatch):
+    """The soak's case: a fixed gang's rank 0 fails on a full disk with no torchrun restart left,
+    and a replacement pod's rank 0 resumes in the same session."""
+    from resources.launch.live_telemetry import CLOSED_FOR_THE_TRAINING
+
+    def failing(reporter):
+        reporter.custom({"kind": "telemetry", "step": 5})
+        raise OSError(28, "No space left on device")
+
+    def resumed(reporter):
+        reporter.custom({"kind": "telemetry", "step": 10})
+
+    steps, logs = _session_log([failing, resumed], monkeypatch)
+    assert steps == [5, 10]
+    assert not [line for line in logs if PIPES_AFTER_CLOSED in line or "did not receive closed" in line]
+    assert CLOSED_FOR_THE_TRAINING not in logs  # the resumed attempt closed it itself
+
+
+def test_a_session_no_attempt_follows_is_closed_by_the_launcher_with_a_line_that_says_so(monkeypatch):
+    from resources.launch.live_telemetry import CLOSED_FOR_THE_TRAINING
+
+    def failing(reporter):
+        reporter.custom({"kind": "telemetry", "step": 5})
+        raise OSError(28, "No space left on device")
+
+    steps, logs = _session_log([failing], monkeypatch)
+    assert steps == [5]
+    assert CLOSED_FOR_THE_TRAINING in logs
+    assert not [line for line in logs if "did not receive closed" in line or PIPES_AFTER_CLOSED in line]
+
+
 # ------------------------------------------------------------------ reported figures, stacks
 def test_reported_keeps_every_attempts_figures_marked_by_attempt(tmp_path):
     root = tmp_path / "attempts"

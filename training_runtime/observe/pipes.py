@@ -106,11 +106,24 @@ class PipesReporter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None and self.restart_follows:
-            # No "closed": the channels the launchers use (a file appended to per message, a
-            # pod's stdout) hold every message already written; the process is ending.
+        if exc is not None and (self.restart_follows or _retryable(exc)):
+            # No "closed": a failure a retry may fix can be followed, in this same session, by an
+            # attempt rank 0 cannot foresee: torchrun's restart (``restarting``), an elastic
+            # gang's re-forming (which torchrun does not count), or a replacement pod the Job
+            # controller starts. A "closed" here made Dagster warn about every message of that
+            # attempt ("unexpected message received after closed"). Nothing is lost: the channels
+            # the launchers use (a file appended to per message, a pod's stdout) hold every
+            # message already written, and the launcher's reader closes a session that ends with
+            # no attempt left (resources/launch/live_telemetry.py, ``ForwardsTrainingMessages``).
             return
         if exc is not None and self.failure_recorded:
             self.pipes.close()  # the traceback is still printed to stderr, the rank's log
             return
         self.pipes.__exit__(exc_type, exc, tb)
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure a new attempt may fix (train/failures.py's classes)."""
+    from training_runtime.train.failures import RETRYABLE, failure_record  # only once a rank fails
+
+    return isinstance(exc, Exception) and failure_record(exc)["kind"] == RETRYABLE

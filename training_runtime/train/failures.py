@@ -196,9 +196,8 @@ class FailureRecorder:
                 and self.environ.get(ELASTIC_ENV):
             # An elastic gang's agent SIGTERMs its workers to re-form when a node joins (or after a
             # node is lost), and torchrun does not count that restart against max_restarts: so the
-            # count cannot say whether one follows. Closing the Pipes session here made Dagster warn
-            # about every message of the re-formed gang ("unexpected message received after
-            # closed"); the session stays open for the rank 0 that finishes the training.
+            # count cannot say whether one follows. The run's log says what happens next (the
+            # session stays open after any retryable failure: observe/pipes.py).
             self.reporter.restarting(
                 f"attempt {self.log.attempt.name} stopped on rank {self.log.rank} after its checkpoint: the elastic "
                 "gang re-forms (a node joined or left) and resumes from it")
