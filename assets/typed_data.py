@@ -16,11 +16,9 @@ import dagster as dg
 
 from assets import ingest
 from assets.data_key import data_key
-from assets.kinds import DataKind, text_store
-from assets.kinds.image_store import put_shards, strip_carried
-from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
+from assets.kinds import DataKind
+from assets.reuse import not_reused_line, reused_raw
 from assets.source import SourceError
-from assets.shards_output import shards_outputs, stamp_manifest
 from assets.source_place import describe_files, locate_sources, typed_source_files
 from core.datasets import reusable_version
 from core.spec import PipelineSpec
@@ -32,7 +30,7 @@ from resources.store.base import MAIN
 def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, dg.AssetKey], *,
                             source_commit_tag: str, checked) -> list[dg.AssetsDefinition]:
     """``checked`` is assets.pipeline's helpers: (commit_checked, gate, replace_prefix, publish, check_owner, link)."""
-    commit_checked, gate, replace_prefix, publish, check_owner, link = checked
+    commit_checked, gate, _replace_prefix, _publish, check_owner, link = checked
     name = spec.name
     prefix = ingest.dataset_prefix(name)
     raw_store_path = prefix + "raw/" + kind.raw_name
@@ -90,44 +88,10 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         from assets.image_shard_steps import build_image_shards_asset
 
         return [raw_dataset, build_image_shards_asset(spec, kind, keys, checked)]
+    # a text corpus: its new parts tokenized over steps (assets/text_shard_steps.py)
+    from assets.text_shard_steps import build_text_shards_asset
 
-    @dg.asset(key=keys["shards"], group_name=name, ins={"raw": dg.AssetIn(keys["raw_dataset"])}, kinds={"numpy"},
-              retry_policy=TRANSIENT_RETRY,
-              check_specs=[dg.AssetCheckSpec("shard_expectations", asset=keys["shards"], blocking=True,
-                                             description="Counts, split fractions, labels and checksums of the shards.")],
-              description=f"{name} preprocessed into typed-column shards (format v2), split train/validation/test.")
-    def shards(context: dg.AssetExecutionContext, raw: dict, platform: PlatformSettings,
-               store: VersionedStoreResource):
-        s = store.get()
-        if raw.get(REUSED):
-            yield from reused_shards(context, s, keys["shards"], "shard_expectations", name, raw[REUSED])
-            return
-        branch = ensure_run_branch(s, context.run_id)
-        shard_prefix = prefix + "shards/"
-        with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
-            raw_file = s.download(raw["commit_id"], raw["path"], Path(tmp) / kind.raw_name)
-            out = Path(tmp) / "shards"
-            # a text corpus in parts: the published version's parts kept (assets/kinds/text_store.py)
-            published = text_store.published_shards(s, spec, shard_prefix, Path(tmp)) \
-                if getattr(kind, "shards_in_parts", False) else None
-            try:
-                manifest = kind.shard(spec, raw_file, out, **({} if published is None else dict(
-                    salt=text_store.part_salt(raw.get("data_key")), previous=published.manifest,
-                    tokenizer_file=published.tokenizer_file)))
-            except ValueError as exc:
-                raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
-                                 allow_retries=False) from exc
-            stamp_manifest(spec, manifest, raw)
-            report = kind.check_shards(spec, manifest, out)
-            if published is None:
-                replace_prefix(s, branch, shard_prefix, out, manifest)
-            else:  # the commit adds and removes only the changed parts' shard files
-                moved = put_shards(s, branch, shard_prefix, out, manifest, published.commit)
-                context.log.info(text_store.sharded_line(name, manifest, published.manifest, moved))
-                manifest = strip_carried(manifest)
-        yield from shards_outputs(context, s, spec, keys["shards"], raw, manifest, report, branch, platform, checked)
-
-    return [raw_dataset, shards]
+    return [raw_dataset, build_text_shards_asset(spec, kind, keys, checked)]
 
 
 def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,

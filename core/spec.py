@@ -94,6 +94,10 @@ class TextCorpus:
     min_chars: int = 1  # shortest accepted document
     max_chars: int = 10_000_000  # longest accepted document
     docs_per_chunk: int = 2048  # documents ingested (and checked) at a time
+    # New parts (preprocessing.part_documents documents each, about) tokenized per Dagster step, a
+    # pod each on Kubernetes: assets/text_shard_steps.py. 64 keeps a corpus under about 64,000
+    # documents one step, as fast as a single-step build; not part of the data version.
+    parts_per_step: int = 64
 
     def describe(self) -> str:
         return "text corpus " + ", ".join(self.paths)
@@ -527,6 +531,8 @@ class PipelineSpec:
             _fail(n, "preprocessing.seq_len", "must be at least 2")
         if prep.part_documents < 1:
             _fail(n, "preprocessing.part_documents", "must be at least 1 document")
+        if not isinstance(src.parts_per_step, int) or src.parts_per_step < 1:
+            _fail(n, "source.parts_per_step", f"{src.parts_per_step!r}: give a whole number of parts a step, at least 1")
         if prep.tokenizer == "bpe" and prep.vocab_size < 300:
             _fail(n, "preprocessing.vocab_size", "a BPE vocabulary needs at least 300 tokens (256 bytes and merges)")
         if not 0 < src.min_chars <= src.max_chars:

@@ -177,40 +177,53 @@ class TextSharder:
         self.labelled = "label" in self.raw.schema_arrow.names
 
     def run(self) -> dict:
+        planned, tokenizer = self.plan()
+        kept = previous_parts(self.previous)
+        made = self.write_parts(planned.parts, set(kept), tokenizer)
+        return text_manifest(planned, {**kept, **made})
+
+    def plan(self) -> tuple[TextPlan, object]:
+        """The documents' parts, their counts per split and the tokenizer (a BPE one trained, or
+        the given file copied, into ``out_dir``): everything but the tokens. The shards asset's
+        plan step (assets/text_shard_steps.py) is this; its groups are ``write_parts``."""
         members, codes = self._members()
         documents = _documents_per_split(codes)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         tokenizer, files, tokenizer_info = self._tokenizer(codes)
-        dtype = token_dtype(tokenizer.vocab_size)
-        lm = self.spec.task == "language_modeling"
-        seq_len = self.prep.seq_len
-        columns = lm_columns(seq_len, dtype) if lm else classification_columns(seq_len, dtype)
-        per_shard = self.spec.split.shard_samples(sum(c.sample_bytes for c in columns) + ID_BYTES_ESTIMATE)
-        plan = plan_text_parts(members, self.prep.part_documents, self.salt, tokenizer_identity(tokenizer_info))
-        kept = previous_parts(self.previous)
-        made = self._write_parts(plan, set(kept), codes, lambda name, split: _SplitWriter(
-            self, tokenizer, ShardBuffer(self.out_dir, split, columns, per_shard, stem=name), dtype))
-        records, entries = [], {s: [] for s in SPLITS}
-        for part in plan:
-            record, part_entries = made[part.key] if part.key in made else kept[part.key]
-            records.append(record)
-            for split in SPLITS:
-                entries[split] += part_entries[split]
-        splits = {split: _split_totals([r["splits"][split] for r in records], entries[split]) for split in SPLITS}
-        for split in SPLITS:
-            splits[split]["num_documents"] = documents[split]
-        manifest = {
+        parts = plan_text_parts(members, self.prep.part_documents, self.salt, tokenizer_identity(tokenizer_info))
+        return TextPlan(self.header(tokenizer_info), parts, documents, files), tokenizer
+
+    def header(self, tokenizer_info: dict) -> dict:
+        """The manifest but its splits, files and parts: what the spec and the tokenizer decide."""
+        dtype, columns, per_shard = self._layout(tokenizer_info["vocab_size"])
+        header = {
             "format": FORMAT_V2, "kind": "text", "task": self.spec.task, "columns": [c.to_dict() for c in columns],
             "preprocessing": preprocessing_record(self.prep, self.function),
             "tokenizer": tokenizer_info, "token_dtype": dtype, "samples_per_shard": per_shard,
             "order": PARTS_ORDER, "part_documents": self.prep.part_documents,
             "split": {"seed": self.spec.split.seed, "fractions": dict(zip(SPLITS, self.fractions)),
                       "by": "document id"},
-            "splits": splits, "files": files, "parts": records,
         }
-        if not lm:
-            manifest.update(class_names=list(self.classes), num_classes=len(self.classes))
-        return manifest
+        if self.spec.task != "language_modeling":
+            header.update(class_names=list(self.classes), num_classes=len(self.classes))
+        return header
+
+    def _layout(self, vocab_size: int):
+        """(token dtype, shard columns, samples per shard) for a vocabulary of ``vocab_size``."""
+        dtype = token_dtype(vocab_size)
+        seq_len = self.prep.seq_len
+        lm = self.spec.task == "language_modeling"
+        columns = lm_columns(seq_len, dtype) if lm else classification_columns(seq_len, dtype)
+        return dtype, columns, self.spec.split.shard_samples(sum(c.sample_bytes for c in columns) + ID_BYTES_ESTIMATE)
+
+    def write_parts(self, parts: list[TextPart], kept: set[str], tokenizer) -> dict[str, tuple[dict, dict]]:
+        """Tokenize and shard the ``parts`` whose key is not ``kept`` into ``out_dir``; {key:
+        (record, shard entries per split)}. Only the raw copy's row groups that hold their
+        documents are read."""
+        dtype, columns, per_shard = self._layout(tokenizer.vocab_size)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self._write_parts(parts, kept, lambda name, split: _SplitWriter(
+            self, tokenizer, ShardBuffer(self.out_dir, split, columns, per_shard, stem=name), dtype))
 
     def _row_groups(self, columns: list[str]) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
         """Each row group of the raw copy as a frame of ``columns``, with each row's split code."""
@@ -259,11 +272,13 @@ class TextSharder:
                 yield frame.assign(text=apply_function(self.function, frame["text"].tolist(), ids, self.prep.function))
             offset += n
 
-    def _write_parts(self, plan: list[TextPart], kept: set[str], codes: np.ndarray, writer) -> dict:
+    def _write_parts(self, plan: list[TextPart], kept: set[str], writer) -> dict:
         """Tokenize and shard the parts of ``plan`` whose key is not ``kept``, each split of each
-        part on its own (``writer(name, split)``); {key: (record, shard entries per split)}."""
+        part on its own (``writer(name, split)``); {key: (record, shard entries per split)}. A
+        document's split is its id's (``assign_splits``), so a step that reads only some row
+        groups splits them as the whole corpus would."""
         new = [p for p in plan if p.key not in kept]
-        wanted = np.zeros(len(codes), dtype=bool)
+        wanted = np.zeros(self.raw.metadata.num_rows, dtype=bool)
         for part in new:
             wanted[part.start:part.stop] = True
         made: dict[str, tuple[dict, dict]] = {}
@@ -279,7 +294,7 @@ class TextSharder:
                     open_ = {split: writer(part.name, split) for split in SPLITS}
                 inside = at < part.stop
                 piece, frame, at = frame[inside], frame[~inside], at[~inside]
-                piece_codes = codes[piece["at"].to_numpy()]
+                piece_codes = assign_splits(piece["id"], self.spec.split.seed, self.fractions)
                 for code, split in enumerate(SPLITS):
                     mine = piece[piece_codes == code]
                     if len(mine):
@@ -301,6 +316,54 @@ class TextPart:
     stop: int  # one past its last
     first_id: str
     last_id: str
+
+
+@dataclass(frozen=True)
+class TextPlan:
+    """What ``TextSharder.plan`` decides before any token is written."""
+
+    header: dict  # the manifest but its splits, files and parts
+    parts: list[TextPart]  # in raw-copy order
+    documents: dict[str, int]  # per split
+    files: list[str]  # written beside the shards (the BPE tokenizer)
+
+
+def text_manifest(plan: TextPlan, by_key: dict[str, tuple[dict, dict]]) -> dict:
+    """The version's manifest from its ``plan`` and every part's (record, shard entries per split)
+    by key, whether this build wrote it or kept it: the one assembly of a single-step build and of
+    the shards asset's publish step, so the two give the same bytes."""
+    records, entries = [], {s: [] for s in SPLITS}
+    for part in plan.parts:
+        try:
+            record, part_entries = by_key[part.key]
+        except KeyError:
+            raise RuntimeError(f"part {part.name} (documents {part.first_id} .. {part.last_id}) was sharded by no "
+                               "step and is not in the published version; re-execute the whole run") from None
+        records.append(record)
+        for split in SPLITS:
+            entries[split] += part_entries[split]
+    splits = {split: _split_totals([r["splits"][split] for r in records], entries[split]) for split in SPLITS}
+    for split in SPLITS:
+        splits[split]["num_documents"] = plan.documents[split]
+    return {**plan.header, "splits": splits, "files": list(plan.files), "parts": records}
+
+
+def part_to_dict(part: TextPart) -> dict:
+    return {"key": part.key, "name": part.name, "start": part.start, "stop": part.stop,
+            "first_id": part.first_id, "last_id": part.last_id}
+
+
+def part_from_dict(d: dict) -> TextPart:
+    return TextPart(d["key"], d["name"], d["start"], d["stop"], d["first_id"], d["last_id"])
+
+
+def tokenizer_of(info: dict, file: Path | None):
+    """The tokenizer the manifest's ``tokenizer`` record names; a BPE one loaded from ``file``."""
+    if info["kind"] == "byte":
+        return ByteTokenizer()
+    if file is None:
+        raise ValueError("a BPE tokenizer needs its tokenizer.json; none was given")
+    return BpeTokenizer.load(file)
 
 
 def tokenizer_identity(info: dict) -> str:

@@ -206,3 +206,16 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def check_part_files(header: dict, entries: list[dict[str, list[dict]]], out_dir: Path) -> list[str]:
+    """The problems of the shard files a step of the shards asset wrote to ``out_dir`` for its
+    parts (``entries``: each part's shard entries per split), read back as ``check_text_shards``
+    reads a shard it did not carry: checksum, format, token ids, windows, labels. The publish
+    step then judges them by their parts' records, as it judges the published version's."""
+    problems = []
+    for part in entries:
+        for split, split_entries in part.items():
+            for entry in split_entries:
+                problems += _shard_figures(header, out_dir, split, entry)[1]
+    return problems
