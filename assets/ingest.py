@@ -75,7 +75,8 @@ def ingest_chunks(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[A
     A source's files (``SourceChunks``) are parsed by Arrow where that gives what pandas gives;
     where it would not, Arrow says so (``ArrowFallback``) and the source is read again, by pandas,
     from the start (a new checker, a new Parquet file), so the report is the one pandas' chunks get.
-    (A source grown by appended rows can be ingested by those alone: assets/append.py.)"""
+    (A source grown by appended rows or by new files after its published ones can be ingested by
+    its new rows alone: assets/append.py.)"""
     fast = chunks.fast() if isinstance(chunks, SourceChunks) else None
     if fast is not None:
         try:

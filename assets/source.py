@@ -79,6 +79,14 @@ def iter_source_chunks(spec: PipelineSpec, files: list[Path], rows: int) -> Sour
     return SourceChunks(spec, files, rows)
 
 
+def iter_file_chunks(spec: PipelineSpec, path: Path, rows: int, *, arrow: bool, fixed: dict) -> Iterator[pd.DataFrame]:
+    """One file's chunks as ``SourceChunks`` gives them within a source of many (``arrow``: as
+    ``fast()`` does; ``fixed[0]`` then receives the types Arrow's first piece fixed). A file is
+    parsed on its own, its types from it alone, and its last chunk is not joined to the next
+    file's first: so a file added to a source is ingested alone (assets/append.py)."""
+    return _source_chunks(spec, [path], rows, arrow=arrow, fixed=fixed)
+
+
 def _source_chunks(spec: PipelineSpec, files: list[Path], rows: int, arrow: bool,
                    fixed: dict[int, dict] | None = None) -> Iterator[pd.DataFrame]:
     from assets import arrow_csv
