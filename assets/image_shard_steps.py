@@ -40,6 +40,7 @@ from assets.kinds.image_shards import CARRIED
 from assets.kinds.image_store import put_shards, strip_carried
 from assets.quality.runner import QualityReport
 from assets.reuse import REUSED, reused_shards
+from assets.shard_steps import assemble_parts, step_groups  # noqa: F401 (step_groups: text_shard_steps)
 from assets.shards_output import shards_outputs, stamp_manifest
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
@@ -48,42 +49,22 @@ from resources.platform import PlatformSettings, VersionedStoreResource
 CHECK = "shard_expectations"
 
 
-def step_groups(parts: list[dict], kept: set[str], per_step: int) -> list[list[dict]]:
-    """The parts to shard (those whose key is not in ``kept``), ``per_step`` to a group, in order."""
-    todo = [p for p in parts if p["key"] not in kept]
-    return [todo[i:i + per_step] for i in range(0, len(todo), per_step)]
-
-
 def assemble(parts: list[dict], made: list[dict], previous: dict | None) -> tuple[dict, list[str], dict[str, str]]:
     """(the version's manifest, the groups' file failures, staged path -> branch) from the raw
     copy's ``parts`` in order, the groups' results ``made`` and the ``previous`` manifest. Every
     shard entry is marked ``CARRIED``: the groups checked their files, the previous version its own."""
-    by_key, failures, staged = {}, [], {}
-    for group in made:
-        failures += group["failures"]
-        for record, entries in zip(group["records"], group["entries"]):
-            by_key[record["key"]] = (record, entries)
-            staged.update({group["prefix"] + e["path"]: group["branch"] for es in entries.values() for e in es})
-    kept_records = {p["key"]: p for p in (previous or {}).get("parts", [])}
     kept_entries = {e["path"]: e for info in (previous or {}).get("splits", {}).values() for e in info["shards"]}
+    kept = {r["key"]: (r, {s: [kept_entries[p] for p in r["splits"][s]["shards"]] for s in r["splits"]})
+            for r in (previous or {}).get("parts", [])}
+    ordered, failures, staged = assemble_parts([p["key"] for p in parts], made, kept, [p["name"] for p in parts])
     header = dict(made[0]["header"]) if made else {k: v for k, v in (previous or {}).items()
                                                   if k not in ("splits", "parts")}
     splits = {s: {"num_samples": 0, "shards": []} for s in ("train", "validation", "test")}
-    records = []
-    for part in parts:
-        if part["key"] in by_key:
-            record, entries = by_key[part["key"]]
-        elif part["key"] in kept_records:
-            record = kept_records[part["key"]]
-            entries = {s: [kept_entries[p] for p in record["splits"][s]["shards"]] for s in splits}
-        else:
-            raise RuntimeError(f"part {part['name']} of the raw copy was sharded by no step and is not in the previous "
-                               "version; re-execute the whole run")
-        records.append(record)
+    for record, entries in ordered:
         for s in splits:
             splits[s]["shards"] += [{**e, CARRIED: True} for e in entries[s]]
             splits[s]["num_samples"] += record["splits"][s]["num_samples"]
-    return {**header, "splits": splits, "parts": records}, failures, staged
+    return {**header, "splits": splits, "parts": [r for r, _ in ordered]}, failures, staged
 
 
 def build_image_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey], checked) -> dg.AssetsDefinition:
@@ -132,6 +113,7 @@ def build_image_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetK
                          + (f"; {len(failures)} file problem(s)" if failures else ""))
         by_path = {e["path"]: e for info in fragment["splits"].values() for e in info["shards"]}
         return {"branch": branch, "prefix": shard_prefix, "failures": failures, "records": fragment["parts"],
+                "slots": [r["key"] for r in fragment["parts"]],
                 "entries": [{s_: [by_path[p] for p in r["splits"][s_]["shards"]] for s_ in r["splits"]}
                             for r in fragment["parts"]],
                 "header": {k: v for k, v in fragment.items() if k not in ("splits", "parts")}}

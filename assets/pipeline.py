@@ -14,19 +14,13 @@ import dagster as dg
 
 from assets import append, ingest, quality
 from assets.kinds import data_kind
-from assets.kinds.image_store import put_shards, strip_carried
-from assets.sharding import (
-    build_shards_from_chunks,
-    build_target_shards_from_chunks,
-    sample_bytes,
-    target_sample_bytes,
-)
+from assets.table_shard_steps import build_table_shards_asset, part_salt  # noqa: F401 (part_salt: its old home)
 from assets.typed_data import build_typed_data_assets
 from assets.source import SourceError, iter_frame_chunks, iter_source_chunks
 from assets.source_place import locate_sources, table_source_files
 from assets.data_key import data_key, frame_sha256
-from assets.reuse import REUSED, not_reused_line, reused_raw, reused_shards
-from core.datasets import DATA_KEY, plan_dataset_version, reusable_version, tag_published_dataset, validation_report_path
+from assets.reuse import not_reused_line, reused_raw
+from core.datasets import plan_dataset_version, reusable_version, tag_published_dataset, validation_report_path
 from core.spec import PipelineSpec
 from ops.evaluation import build_evaluation_op
 from ops.published_dataset import build_published_dataset_op, build_trained_dataset_op
@@ -90,9 +84,10 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                       ensure_run_branch(s, context.run_id), source_commit)
                 return
             context.log.info(not_reused_line(name, reuse, key))
+            published = _published_raw(s, name)
             try:
                 ingested = append.ingest_source(spec, f"{name}/raw_dataset", spec.expectations.raw(spec), chunks,
-                                                Path(tmp) / "data.parquet", key=key, published=_published_raw(s, name))
+                                                Path(tmp) / "data.parquet", key=key, published=published)
             except SourceError as exc:
                 raise dg.Failure(description=str(exc), allow_retries=False) from exc
             context.log.info(f"{name}: {ingested.how}")
@@ -106,97 +101,17 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                     f"Ingest raw data of {name}", rows=str(ingested.rows),
                                     source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": ingested.rows,
-                 "branch": branch, "source_commit": source_commit, "checks": report.summary(), "data_key": key}
+                 "branch": branch, "source_commit": source_commit, "checks": report.summary(), "data_key": key,
+                 **_appended(ingested, published)}
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             "commit_id": commit_id, "rows": ingested.rows, "columns": ingested.columns,
             "sources": dg.MetadataValue.json(sources), "store_link": _link(s, commit_id),
             **({"source_commit": source_commit} if source_commit else {})})
         yield from _gate(context, report, keys["raw_dataset"], RAW_CHECK, commit_id, branch)
 
-    @dg.asset(key=keys["shards"], group_name=name, ins={"raw": dg.AssetIn(keys["raw_dataset"])}, kinds={"numpy"},
-              retry_policy=TRANSIENT_RETRY,
-              check_specs=[dg.AssetCheckSpec(SHARDS_CHECK, asset=keys["shards"], blocking=True,
-                                             description="Great Expectations suite on the shards read back from the store.")],
-              description=f"Seeded train/validation/test split of {name} as checksummed binary shards.")
-    def shards(context: dg.AssetExecutionContext, raw: dict, platform: PlatformSettings,
-               store: VersionedStoreResource):
-        s = store.get()
-        if raw.get(REUSED):
-            yield from reused_shards(context, s, keys["shards"], SHARDS_CHECK, name, raw[REUSED])
-            return
-        branch = ensure_run_branch(s, context.run_id)
-        prefix = ingest.dataset_prefix(name) + "shards/"
-        previous_commit, previous = _published_shards(s, prefix)
-        with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
-            raw_file = s.download(raw["commit_id"], ingest.raw_path(name), Path(tmp) / "raw.parquet")
-            out = Path(tmp) / "shards"
-            rows = spec.chunk_rows
-            chunks = ingest.iter_raw_arrays(spec, raw_file, rows)
-            try:
-                manifest = _shard_table(spec, chunks, out, rows, salt=part_salt(raw.get("data_key")), previous=previous)
-            except ValueError as exc:
-                raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
-                                 allow_retries=False) from exc
-            manifest["source_commit"] = raw["commit_id"]
-            manifest["location"] = spec.location  # whose dataset this is, for other locations reading it
-            if raw.get("data_key"):  # what a later run compares to reuse these shards
-                manifest[DATA_KEY] = raw["data_key"]
-            moved = put_shards(s, branch, prefix, out, manifest, previous_commit)
-        published = {q["key"] for q in (previous or {}).get("parts", [])}
-        made = [p for p in manifest["parts"] if p["key"] not in published]
-        context.log.info(f"{name}: {len(made)} of {len(manifest['parts'])} part(s) sharded"
-                         + (f", the other {len(manifest['parts']) - len(made)} kept from the published version"
-                            if previous else "") + f"; {moved['kept']} shard file(s) kept, {moved['removed']} removed")
-        report = _check_shards(context, spec, s, branch, prefix, manifest)
-        manifest = strip_carried(manifest)
-        commit_id = _commit_checked(context, s, branch, platform, report, "shards", f"Shard {name}",
-                                    raw_commit=raw["commit_id"])
-        counts = {k: v["num_samples"] for k, v in manifest["splits"].items()}
-        value = {"dataset": name, "commit_id": commit_id, "prefix": prefix, "manifest_path": prefix + "manifest.json",
-                 "raw_commit": raw["commit_id"], "num_samples": counts, "location": spec.location,
-                 "checks": {"raw_dataset": raw.get("checks"), "shards": report.summary()}}
-        if report.passed and not spec.trains:
-            value["dataset_version"] = _publish_dataset(context, s, branch, platform, name, commit_id)
-        yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            "commit_id": commit_id, **{f"{k}_samples": n for k, n in counts.items()},
-            "shards": sum(len(v["shards"]) for v in manifest["splits"].values()), "store_link": _link(s, commit_id),
-            **({"dataset_version": value["dataset_version"]} if "dataset_version" in value else {})})
-        yield from _gate(context, report, keys["shards"], SHARDS_CHECK, commit_id, branch)
-
+    shards = build_table_shards_asset(spec, keys, (_commit_checked, _gate, _replace_prefix, _publish_dataset,
+                                                   _check_dataset_owner, _link))
     return [raw_dataset, shards]
-
-
-def _check_shards(context, spec: PipelineSpec, store, branch: str, prefix: str, manifest: dict) -> quality.QualityReport:
-    """The shard suite on what the branch holds now: the shard files this version wrote, read back,
-    and the kept ones by their parts' summaries where the suite allows (assets/quality/tables.py
-    ``shard_tables``); ``manifest`` still marks which are kept."""
-    suite = spec.expectations.shards(spec)
-    read = quality.shard_tables(store, branch, prefix, manifest, suite)
-    context.log.info(f"{spec.name}: shard checks on {read.read} shard file(s) read back"
-                     + (f" and {read.summarised} kept one(s) counted by their parts' summaries" if read.summarised
-                        else "") + (f"; kept shards read back too: {read.why_read_kept}" if read.why_read_kept else ""))
-    report = quality.run_suite(f"{spec.name}/shards", suite, read.tables)
-    for failure in [*read.failures, quality.untrained_labels(read.tables)]:
-        report = report.with_failure(failure)
-    return report
-
-
-def _shard_table(spec: PipelineSpec, chunks, out: Path, rows: int, *, salt: str, previous: dict | None) -> dict:
-    """Classification tables keep shard format v1 (old model versions read them); regression and
-    multi-label tables are written in format v2 with a ``target`` column. Both in parts: those of
-    ``previous`` that the new rows hold unchanged are kept (assets/sharding.py)."""
-    split = dict(seed=spec.split.seed, fractions=(spec.split.train, spec.split.validation, spec.split.test),
-                 salt=salt, previous=previous)
-    if spec.task == "classification":
-        return build_shards_from_chunks(
-            chunks, out_dir=out, feature_columns=spec.feature_columns, label_column=spec.label_column,
-            class_names=spec.class_names, id_column=spec.id_column, feature_shape=spec.shape,
-            samples_per_shard=spec.split.shard_samples(sample_bytes(spec.shape)), block_rows=rows, **split)
-    targets = spec.target_columns
-    return build_target_shards_from_chunks(
-        chunks, out_dir=out, task=spec.task, feature_columns=spec.feature_columns, target_names=targets,
-        id_column=spec.id_column, feature_shape=spec.shape, target_range=spec.target_range, block_rows=rows,
-        samples_per_shard=spec.split.shard_samples(target_sample_bytes(spec.shape, len(targets))), **split)
 
 
 def _model_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
@@ -317,10 +232,16 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
 
 
-def part_salt(key: dict | None) -> str:
-    """What a table part's key is salted with: the data key's parameters and code (not its sources,
-    whose change is what parts absorb), so any change of how rows become shards makes every part new."""
-    return f"{key.get('parameters', '')}:{key.get('code', '')}" if key else ""
+APPENDED = "appended to the published version's"  # how assets/append.py says it took the append path
+
+
+def _appended(ingested: ingest.Ingested, published: append.Published | None) -> dict:
+    """``{"appended": the published copy's rows and files}`` when the raw copy is the published one
+    with rows appended (its first rows those rows, unchanged: assets/append.py), which lets the
+    shards' plan keep parts without reading them (assets/table_shard_steps.py); else nothing."""
+    if published is None or not ingested.how.startswith(APPENDED):
+        return {}
+    return {"appended": {"rows": published.record["rows"], "files": published.record["files"]}}
 
 
 def _published_raw(store, name: str) -> append.Published | None:
@@ -344,16 +265,6 @@ def _put_raw(store, branch: str, name: str, ingested: ingest.Ingested) -> None:
         store.put_file(branch, ingest.keys_path(name), ingested.keys)
     elif store.exists(branch, ingest.keys_path(name)):
         store.delete_object(branch, ingest.keys_path(name))
-
-
-def _published_shards(store, prefix: str) -> tuple[str | None, dict | None]:
-    """(main's commit, the shards manifest published there) that a new version builds on, or
-    (None, None) before the first version."""
-    try:
-        commit = store.resolve_ref(MAIN)
-        return commit, json.loads(store.get_object(commit, prefix + "manifest.json"))
-    except RefNotFoundError:
-        return None, None
 
 
 def _publish_dataset(context, store, branch: str, platform: PlatformSettings, name: str, commit_id: str) -> str:

@@ -169,6 +169,7 @@ def build_shards_from_chunks(
     block_rows: int = 8192,
     salt: str = "",
     previous: dict | None = None,
+    spans: list[int] | None = None,
 ) -> dict:
     """Split and shard validated data arriving in chunks, in parts; return the manifest.
 
@@ -182,6 +183,11 @@ def build_shards_from_chunks(
     them, with the normalisation fitted on the training split (merged from each part's moments)
     applied on read (``NORMALISE_ON_READ``): a part of ``previous`` (the manifest this version
     builds on) with the same key is kept, its shards neither written nor uploaded again.
+
+    ``spans``: the rows are some whole parts of a larger table, these many rows each in id order
+    (assets/table_shard_steps.py shards a table's parts over steps): they are cut there rather
+    than where ``cut_points`` would cut these rows alone, and an empty split is not refused (it is
+    the whole table's split that must not be empty).
     """
     dim = int(np.prod(feature_shape))
     label_index = {name: i for i, name in enumerate(class_names)}
@@ -193,14 +199,14 @@ def build_shards_from_chunks(
             for features, texts, ids in chunks:
                 features = np.ascontiguousarray(features, dtype=np.float32).reshape(len(texts), dim)
                 f.write(features.data)
-                ids_parts.append(ids.astype(str) if id_column else _content_ids(features, texts, feature_columns,
-                                                                                label_column))
+                ids_parts.append(chunk_ids("classification", features, texts, ids, id_column=id_column,
+                                           feature_columns=feature_columns, target_names=(label_column,)))
                 label_parts.append(pd.Series(texts).astype(str).map(label_index).to_numpy(dtype=np.int64))
                 n += len(texts)
         ids = np.concatenate(ids_parts) if ids_parts else np.array([], dtype=str)
         labels = np.concatenate(label_parts) if label_parts else np.array([], dtype=np.int64)
         del ids_parts, label_parts
-        order, split_of = _split_rows(ids, seed, fractions)
+        order, split_of = _split_rows(ids, seed, fractions, whole=spans is None)
         features = np.memmap(scratch, dtype=np.float32, mode="r", shape=(n, dim))
 
         def write(rel: str, rows: np.ndarray) -> dict:
@@ -212,12 +218,21 @@ def build_shards_from_chunks(
 
         parts = _write_parts(ids, order, split_of, target=samples_per_shard, salt=salt, previous=previous,
                              content=lambda rows: _row_bytes(rows, block_rows, features, labels), write=write,
-                             samples_per_shard=samples_per_shard,
+                             samples_per_shard=samples_per_shard, spans=spans,
                              stats=lambda rows: {"features": _moments(features, rows)}, summary=summary)
         del features
     finally:
         scratch.unlink(missing_ok=True)
-    norm = Normalisation.from_moments(merge_moments([p.record["stats"]["features"] for p in parts]), dim)
+    return table_manifest(v1_header(feature_columns=feature_columns, class_names=class_names, id_column=id_column,
+                                    feature_shape=feature_shape, seed=seed, fractions=fractions,
+                                    samples_per_shard=samples_per_shard), parts)
+
+
+def v1_header(*, feature_columns: tuple[str, ...], class_names: tuple[str, ...], id_column: str | None,
+              feature_shape: tuple[int, ...], seed: int, fractions: tuple[float, float, float],
+              samples_per_shard: int) -> dict:
+    """What a format v1 manifest says besides its parts and what they make (``table_manifest``):
+    a function of the pipeline alone, so a version sharded over steps has the same one."""
     return {
         "format": MANIFEST_FORMAT,
         "feature_columns": list(feature_columns),
@@ -227,12 +242,24 @@ def build_shards_from_chunks(
         "num_classes": len(class_names),
         "class_names": list(class_names),
         "samples_per_shard": samples_per_shard,
-        "normalisation": norm.to_dict(),
         NORMALISE_ON_READ: True,
         "split": {"seed": seed, "fractions": dict(zip(SPLITS, fractions)), "by": id_column or "row content hash"},
-        "splits": _splits_of(parts),
-        "parts": [p.record for p in parts],
     }
+
+
+def table_manifest(header: dict, parts: list["TablePart"]) -> dict:
+    """A table's manifest from its ``header`` (``v1_header`` / ``v2_header``) and its ``parts`` in
+    id order: their shards per split, their records, the normalisation of the features merged from
+    their moments and, for regression, that of the targets. The one place both the single-step
+    build and the steps' ``publish`` (assets/table_shard_steps.py) make it, so they cannot differ."""
+    dim = int(np.prod(header["feature_shape"]))
+    norm = Normalisation.from_moments(merge_moments([p.record["stats"]["features"] for p in parts]), dim)
+    manifest = {**header, "normalisation": norm.to_dict(), "splits": _splits_of(parts),
+                "parts": [p.record for p in parts]}
+    if header.get("task") == "regression":
+        manifest["target_normalisation"] = _target_normalisation(
+            merge_moments([p.record["stats"]["target"] for p in parts]))
+    return manifest
 
 
 # ---------------------------------------------------------------- a table in parts
@@ -335,16 +362,19 @@ def _row_bytes(rows: np.ndarray, block_rows: int, *columns: np.ndarray):
 
 
 def _write_parts(ids: np.ndarray, order: np.ndarray, split_of: np.ndarray, *, target: int, salt: str,
-                 previous: dict | None, content, write, samples_per_shard: int, stats, summary) -> list[TablePart]:
+                 previous: dict | None, content, write, samples_per_shard: int, stats, summary,
+                 spans: list[int] | None = None) -> list[TablePart]:
     """Cut the rows (``order``: positions in id order; ``split_of``: each one's split code) into
     parts, keep those of ``previous`` with the same key and write the others' shards with
     ``write(rel, rows)``; ``content(rows)`` gives the bytes a part's key hashes, ``stats(rows)``
     the moments of its training rows and ``summary(rows, codes)`` what the shard checks of a later
-    version need of it without reading its shards back (``SUMMARY``)."""
-    kept = _previous_parts(previous)
+    version need of it without reading its shards back (``SUMMARY``). ``spans``: the parts' sizes,
+    given (the rows are whole parts of a larger table), rather than cut here."""
+    kept = previous_parts(previous)
     sorted_ids = ids[order]
     parts, start = [], 0
-    for stop in (cut_points(sorted_ids, target) if len(order) else []):  # ids one at a time: no list of them all
+    for stop in (_stops(spans, len(order)) if spans is not None else cut_points(sorted_ids, target) if len(order)
+                 else []):  # ids one at a time: no list of them all
         rows, codes = order[start:stop], split_of[start:stop]
         members = hashlib.sha256("\0".join(sorted_ids[start:stop].tolist()).encode())
         for data in content(rows):
@@ -370,7 +400,16 @@ def _write_parts(ids: np.ndarray, order: np.ndarray, split_of: np.ndarray, *, ta
     return parts
 
 
-def _previous_parts(previous: dict | None) -> dict[str, TablePart]:
+def _stops(spans: list[int], rows: int) -> list[int]:
+    """The stops of parts of ``spans`` rows each, which must add up to ``rows``."""
+    stops = np.cumsum(np.asarray(spans, dtype=np.int64)).tolist()
+    if (stops[-1] if stops else 0) != rows or any(n < 1 for n in spans):
+        raise RuntimeError(f"parts of {spans[:5]}... rows ({sum(spans)} in all) do not cut {rows} row(s): the rows "
+                           "read are not the planned parts'; re-execute the whole run")
+    return stops
+
+
+def previous_parts(previous: dict | None) -> dict[str, TablePart]:
     """The parts of the manifest a version builds on, by key, each shard entry marked ``CARRIED``
     (a manifest written before parts, or with its features normalised in the shards, has none)."""
     if not previous or not previous.get(NORMALISE_ON_READ):
@@ -387,15 +426,38 @@ def _splits_of(parts: list[TablePart]) -> dict:
                 "shards": [e for p in parts for e in p.entries[s]]} for s in SPLITS}
 
 
-def _split_rows(ids: np.ndarray, seed: int, fractions: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """(row positions sorted by id, split code of each of them); refuses an empty split."""
+def _split_rows(ids: np.ndarray, seed: int, fractions: tuple[float, float, float], *,
+                whole: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(row positions sorted by id, split code of each of them); refuses an empty split of the
+    ``whole`` table (``refuse_empty_split``)."""
     order = np.argsort(ids, kind="stable")
     split_of = assign_splits(pd.Series(ids[order]), seed, fractions)
+    if whole:
+        refuse_empty_split(split_of, len(ids))
+    return order, split_of
+
+
+def refuse_empty_split(split_of: np.ndarray, rows: int) -> None:
+    """A ValueError naming the first split that no row falls in."""
     for code, split in enumerate(SPLITS):
         if not (split_of == code).any():
-            raise ValueError(f"the {split} split is empty ({len(ids)} rows in all): add data or change the split "
+            raise ValueError(f"the {split} split is empty ({rows} rows in all): add data or change the split "
                              "fractions")
-    return order, split_of
+
+
+def chunk_ids(task: str, features: np.ndarray, targets: np.ndarray, ids: np.ndarray | None, *,
+              id_column: str | None, feature_columns, target_names) -> np.ndarray:
+    """The ids a chunk's rows are split and ordered by: the id column's, or else a hash of each
+    row's content (``features`` as float32 rows, ``targets`` as the raw copy gives them). The
+    planning of a table's parts over steps (assets/table_shard_steps.py) computes them here too."""
+    if id_column:
+        return ids.astype(str)
+    rows = len(features)
+    features = np.ascontiguousarray(features, dtype=np.float32).reshape(rows, -1)
+    if task == "classification":
+        return _content_ids(features, targets, feature_columns, target_names[0])
+    width = 1 if task == "regression" else len(target_names)
+    return _target_content_ids(features, np.asarray(targets).reshape(rows, width), feature_columns, target_names)
 
 
 def _content_ids(features: np.ndarray, texts: np.ndarray, feature_columns, label_column: str) -> np.ndarray:
@@ -434,6 +496,7 @@ def build_target_shards_from_chunks(
     target_range: tuple[float, float] | None = None,
     salt: str = "",
     previous: dict | None = None,
+    spans: list[int] | None = None,
 ) -> dict:
     """``build_shards_from_chunks`` for regression and multi-label tables, in shard format v2.
 
@@ -460,12 +523,12 @@ def build_target_shards_from_chunks(
                 targets = np.asarray(targets).reshape(rows, width)
                 f.write(features.data)
                 t.write(np.ascontiguousarray(targets, dtype=np.float32).data)
-                ids_parts.append(ids.astype(str) if id_column else _target_content_ids(
-                    features, targets, feature_columns, target_names))
+                ids_parts.append(chunk_ids(task, features, targets, ids, id_column=id_column,
+                                           feature_columns=feature_columns, target_names=target_names))
                 n += rows
         ids = np.concatenate(ids_parts) if ids_parts else np.array([], dtype=str)
         del ids_parts
-        order, split_of = _split_rows(ids, seed, fractions)
+        order, split_of = _split_rows(ids, seed, fractions, whole=spans is None)
         features = np.memmap(scratch, dtype=np.float32, mode="r", shape=(n, dim))
         targets = np.memmap(target_scratch, dtype=np.float32, mode="r", shape=(n, width))
         writer = ShardWriter(columns)
@@ -494,37 +557,39 @@ def build_target_shards_from_chunks(
 
         parts = _write_parts(ids, order, split_of, target=samples_per_shard, salt=salt, previous=previous,
                              content=lambda rows: _row_bytes(rows, block_rows, features, targets), write=write,
-                             samples_per_shard=samples_per_shard, stats=stats, summary=summary)
-        norm = Normalisation.from_moments(merge_moments([q.record["stats"]["features"] for q in parts]), dim)
-        manifest = {
-            "format": FORMAT_V2,
-            "kind": "table",
-            "task": task,
-            "columns": [c.to_dict() for c in columns],
-            "feature_columns": list(feature_columns),
-            "feature_shape": list(feature_shape),
-            "samples_per_shard": samples_per_shard,
-            "normalisation": norm.to_dict(),
-            NORMALISE_ON_READ: True,
-            "split": {"seed": seed, "fractions": dict(zip(SPLITS, fractions)),
-                      "by": id_column or "row content hash"},
-            "splits": _splits_of(parts),
-            "parts": [q.record for q in parts],
-        }
-        if task == "regression":
-            manifest["target_column"] = target_names[0]
-            manifest["target_normalisation"] = _target_normalisation(
-                merge_moments([q.record["stats"]["target"] for q in parts]))
-            if target_range is not None:
-                manifest["target_range"] = [float(target_range[0]), float(target_range[1])]
-        else:
-            manifest["target_names"] = list(target_names)
-            manifest["num_classes"] = len(target_names)
+                             samples_per_shard=samples_per_shard, stats=stats, summary=summary, spans=spans)
         del features, targets
     finally:
         scratch.unlink(missing_ok=True)
         target_scratch.unlink(missing_ok=True)
-    return manifest
+    return table_manifest(v2_header(task=task, feature_columns=feature_columns, target_names=target_names,
+                                    id_column=id_column, feature_shape=feature_shape, seed=seed, fractions=fractions,
+                                    samples_per_shard=samples_per_shard, target_range=target_range), parts)
+
+
+def v2_header(*, task: str, feature_columns: tuple[str, ...], target_names: tuple[str, ...], id_column: str | None,
+              feature_shape: tuple[int, ...], seed: int, fractions: tuple[float, float, float],
+              samples_per_shard: int, target_range: tuple[float, float] | None = None) -> dict:
+    """``v1_header`` of a regression or multi-label table (format v2)."""
+    header = {
+        "format": FORMAT_V2,
+        "kind": "table",
+        "task": task,
+        "columns": [c.to_dict() for c in target_columns(task, feature_shape, len(target_names))],
+        "feature_columns": list(feature_columns),
+        "feature_shape": list(feature_shape),
+        "samples_per_shard": samples_per_shard,
+        NORMALISE_ON_READ: True,
+        "split": {"seed": seed, "fractions": dict(zip(SPLITS, fractions)), "by": id_column or "row content hash"},
+    }
+    if task == "regression":
+        header["target_column"] = target_names[0]
+        if target_range is not None:
+            header["target_range"] = [float(target_range[0]), float(target_range[1])]
+    else:
+        header["target_names"] = list(target_names)
+        header["num_classes"] = len(target_names)
+    return header
 
 
 def _target_normalisation(moments: dict) -> dict:

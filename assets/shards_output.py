@@ -1,7 +1,7 @@
-"""What the shards asset of an image folder or a text corpus ends with, however its shards were
-made (in one step, or over steps: assets/image_shard_steps.py): the manifest's provenance, one
-commit with the validation report, the asset's output and metadata, its blocking check, and for a
-dataset pipeline the publication to main."""
+"""What the shards asset of an image folder, a text corpus or a table ends with, however its shards
+were made (in one step, or over steps: assets/image_shard_steps.py, assets/table_shard_steps.py):
+the manifest's provenance, one commit with the validation report, the asset's output and
+metadata, its blocking check, and for a dataset pipeline the publication to main."""
 
 # No ``from __future__ import annotations``: Dagster reads the ``context`` annotations as types.
 import dagster as dg
@@ -36,8 +36,8 @@ def shards_outputs(context, store, spec: PipelineSpec, key: dg.AssetKey, raw: di
         value["dataset_version"] = publish(context, store, branch, platform, name, commit_id)
     yield dg.Output(value, output_name="result", data_version=dg.DataVersion(commit_id), metadata={
         "commit_id": commit_id, **{f"{k}_samples": n for k, n in counts.items()},
-        "columns": dg.MetadataValue.json(manifest["columns"]),
-        "preprocessing": dg.MetadataValue.json(manifest.get("preprocessing", {})),
+        **({"columns": dg.MetadataValue.json(manifest["columns"]),  # typed shards; a v1 table's have none
+            "preprocessing": dg.MetadataValue.json(manifest.get("preprocessing", {}))} if "columns" in manifest else {}),
         "store_link": link(store, commit_id),
         **({"dataset_version": value["dataset_version"]} if "dataset_version" in value else {})})
     yield from gate(context, report, key, "shard_expectations", commit_id, branch)

@@ -44,6 +44,10 @@ class Source:
     # Files are read this many MB of parsed cells (8 bytes each) at a time: ingesting holds one
     # chunk, its Great Expectations tables and a few bytes of keys per row, never the whole source.
     chunk_mb: float = 32.0
+    # New parts (about split.shard_mb of features each) sharded per Dagster step, a pod each on
+    # Kubernetes: assets/table_shard_steps.py. 16 keeps a table under about 1 GB of features one
+    # step, as fast as a single-step build; not part of the data version.
+    parts_per_step: int = 16
 
     def describe(self) -> str:
         if self.loader is not None:
@@ -395,6 +399,9 @@ class PipelineSpec:
             _fail(n, "split.shard_mb", f"must be positive, got {self.split.shard_mb}")
         if not self.source.chunk_mb > 0:
             _fail(n, "source.chunk_mb", f"must be positive, got {self.source.chunk_mb}")
+        if not isinstance(self.source.parts_per_step, int) or self.source.parts_per_step < 1:
+            _fail(n, "source.parts_per_step", f"{self.source.parts_per_step!r}: give a whole number of parts a step, "
+                  "at least 1")
         if self.feature_shape is not None:
             size = 1
             for d in self.feature_shape:
