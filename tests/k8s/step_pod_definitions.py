@@ -1,6 +1,6 @@
 """The code location tests/k8s/test_step_pods.py runs: the shapes image dataset, its parts
 sharded over steps (a few images a part, two parts a step, so a small folder makes several
-steps), with the local store on the shared folder and the kubernetes profile's executor, the
+steps), and a table (``ledger``: 32 rows a part, two parts a step), each with the local store on the shared folder and the kubernetes profile's executor, the
 platform's own ``k8s_executor_config``. Only how the executor reaches the API server differs from
 a cluster: a kubeconfig file (``KUBECONFIG``) instead of the pod's service account, and the API
 client the test hands dagster-k8s (tests/k8s/step_pods.py). The step pods load this module as the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from core.spec import ImageFolder, ImagePreprocessing
+from core.spec import ImageFolder, ImagePreprocessing, Source, dataset_pipeline
 from pipelines.definitions import build_definitions, training_job_name
 from pipelines.models.shapes import shapes_dataset
 from pipelines.profiles import Profile
@@ -22,6 +22,10 @@ from resources.k8s.step_config import k8s_executor_config, platform_settings
 
 SPEC = dataclasses.replace(shapes_dataset, source=ImageFolder(root="shapes", files_per_part=30, parts_per_step=2),
                            preprocessing=ImagePreprocessing(size=(32, 32)))
+
+LEDGER = dataset_pipeline("ledger", source=Source(paths=("ledger/table.csv",), parts_per_step=2),
+                          features=["f0", "f1", "f2", "f3"], label="label", classes=range(3), id_column="id",
+                          split={"seed": 7, "samples_per_shard": 32})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,5 +42,13 @@ class StepPodsProfile(Profile):
 
 
 def shapes_job() -> dg.JobDefinition:
+    return _job(SPEC)
+
+
+def ledger_job() -> dg.JobDefinition:
+    return _job(LEDGER)
+
+
+def _job(spec) -> dg.JobDefinition:
     profile = StepPodsProfile(name="local", data_root=Path(os.environ["DAGSTER_HOME"]) / "platform")
-    return build_definitions(profile, [SPEC], with_yaml=False).resolve_job_def(training_job_name(SPEC))
+    return build_definitions(profile, [spec], with_yaml=False).resolve_job_def(training_job_name(spec))

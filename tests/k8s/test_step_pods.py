@@ -1,4 +1,4 @@
-"""An image folder sharded over step pods, as on Kubernetes (issue 41, item 4): the dataset's run
+"""An image folder and a table sharded over step pods, as on Kubernetes (issue 41, item 4): the dataset's run
 executed by the platform's ``k8s_job_executor`` configuration, each step a Job of its own whose
 pod runs ``dagster api execute_step`` from the Job's own args and env (tests/k8s/step_pods.py, a
 stand-in for the API server and kubelet). The shard steps run in pods of their own, the version is
@@ -84,10 +84,10 @@ def step_pods(tmp_path, monkeypatch):
         cluster.close()
 
 
-def _execute(instance: dg.DagsterInstance) -> dg.ExecutionResult:
+def _execute(instance: dg.DagsterInstance, job_name: str = "shapes_job") -> dg.ExecutionResult:
     from tests.k8s import step_pod_definitions
 
-    job = dg.reconstructable(step_pod_definitions.shapes_job)
+    job = dg.reconstructable(getattr(step_pod_definitions, job_name))
     # the image the code server says it runs in (DAGSTER_CURRENT_IMAGE on a user deployment): the
     # executor gives it to every step pod
     job = job._replace(repository=job.repository._replace(container_image=IMAGE))
@@ -168,3 +168,27 @@ def test_a_shard_step_whose_pod_dies_is_retried_alone_in_a_new_pod(step_pods):
     assert len(others) == len(set(others))
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.jpg"))
     assert _version_images(home) == files
+
+
+def test_a_tables_groups_of_parts_run_in_pods_of_their_own_and_publish_one_commit(step_pods, tmp_path):
+    from tests.k8s.step_pod_definitions import LEDGER
+    from tests.pipeline.test_table_shard_steps import _frame, _published_equals_a_single_step_build, _write
+
+    instance, cluster = step_pods
+    home = Path(os.environ["DAGSTER_HOME"])
+    _write(home / "platform" / "sources", "ledger/table.csv", _frame(range(240)))
+
+    with _execute(instance, "ledger_job") as result:
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        steps = {e.step_key for e in result.all_events if e.is_step_success}
+    cluster.wait()
+
+    assert {p.step_key for p in cluster.pods.values()} == steps  # the plan and publish too: a pod each
+    shard_pods = _shard_step_pods(cluster)
+    assert len(shard_pods) >= 2 and all(p.exit_code == 0 for p in cluster.pods.values())
+    store = _store(home)
+    manifest = _published_equals_a_single_step_build(store, LEDGER, tmp_path / "check")
+    assert len(shard_pods) == -(-len(manifest["parts"]) // 2)
+    wrote_shards = [c for c in store.log("main") if len(c.parents) == 1
+                    and store.diff(c.parents[0], c.id, prefix="datasets/ledger/shards/")]
+    assert len(wrote_shards) == 1, [c.message for c in wrote_shards]
