@@ -11,6 +11,7 @@ and a run whose group failed is re-executed from the failure, redoing that group
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -278,3 +279,28 @@ def test_a_failed_group_is_re_executed_alone_and_the_version_is_one_commit(tmp_p
         # the version holds its raw copy, though the raw commit is on the first run's branch
         raw_path = "datasets/toy/raw/documents.parquet"
         assert store.get_object("main", raw_path) == store.get_object(f"run-{first_id}", raw_path)
+
+
+def test_a_new_version_with_no_new_part_runs_no_step_and_publishes_the_kept_parts(platform):
+    """A JSONL field the corpus does not read changes the files (so the data key: no reuse) but no
+    document: the plan hands out no group, and publish still makes the version, every part kept."""
+    spec = dataclasses.replace(_spec(), source=TextCorpus(paths=("toy/*.jsonl",), parts_per_step=2))
+    lines = [{"text": f"document number {i} " * 5} for i in range(200)]
+    (platform.sources / "toy").mkdir(parents=True)
+    (platform.sources / "toy/a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first = platform.run(spec)
+    assert first.success, failure_messages(first)
+    lines[3]["note"] = "a field no document reads"
+    (platform.sources / "toy/a.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    second = platform.run(spec)
+
+    assert second.success, failure_messages(second)
+    assert _shard_steps(second.all_events) == []
+    store = platform.store()
+    tags = dataset_tags(store, "toy")
+    assert sorted(tags) == [1, 2]
+    prefix = "datasets/toy/shards/"
+    before, after = (json.loads(store.get_object(tags[v], prefix + "manifest.json")) for v in (1, 2))
+    assert [p["key"] for p in after["parts"]] == [p["key"] for p in before["parts"]]
+    assert {d.path for d in store.diff(tags[1], tags[2], prefix=prefix)} == {prefix + "manifest.json"}
