@@ -190,8 +190,9 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
                          planned["files"])
         try:
             manifest = text_manifest(plan_, {**previous_parts(previous), **by_key})
-        except ValueError as exc:
-            raise cannot_shard(exc) from exc
+        except (ValueError, RuntimeError) as exc:  # a part no step made, or a broken published manifest
+            raise dg.Failure(description=f"pipeline {name!r}: cannot assemble the version: {exc}",
+                             allow_retries=False) from exc
         stamp_manifest(spec, manifest, raw)
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:
             tmp = Path(tmp)

@@ -18,6 +18,10 @@
 
 A version built on the published one cuts its parts as a build from nothing does and keeps only
 parts of the same key, so with the same tokenizer the two give the same manifest and shard bytes.
+``shard`` is one call; the shards asset runs its three pieces as Dagster steps
+(assets/text_shard_steps.py): ``TextSharder.plan`` (parts, tokenizer), ``write_parts`` on groups
+of new parts, each step reading only the raw copy's row groups that hold them, and
+``text_manifest``, the assembly both share, so the steps' version is this call's byte for byte.
 """
 
 from __future__ import annotations
