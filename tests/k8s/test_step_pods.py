@@ -192,3 +192,49 @@ def test_a_tables_groups_of_parts_run_in_pods_of_their_own_and_publish_one_commi
     wrote_shards = [c for c in store.log("main") if len(c.parents) == 1
                     and store.diff(c.parents[0], c.id, prefix="datasets/ledger/shards/")]
     assert len(wrote_shards) == 1, [c.message for c in wrote_shards]
+
+
+def test_a_tables_shard_step_whose_pod_dies_is_retried_alone_and_the_version_is_whole(step_pods, tmp_path):
+    retried_alone, whole, why = table_step_pod_killed(step_pods, tmp_path)
+    assert retried_alone, why
+    assert whole, why
+
+
+def table_step_pod_killed(step_pods, tmp_path) -> tuple[bool, bool, str]:
+    """(the killed step was retried alone in a new pod and the others ran once, main's version is
+    the single-step build, what went otherwise): a table's first shard step pod is SIGKILLed a
+    second after it starts. tests/reliability/test_data_faults.py records it as a class too."""
+    from tests.k8s.step_pod_definitions import LEDGER
+    from tests.pipeline.test_table_shard_steps import _frame, _published_equals_a_single_step_build, _write
+
+    instance, cluster = step_pods
+    home = Path(os.environ["DAGSTER_HOME"])
+    _write(home / "platform" / "sources", "ledger/table.csv", _frame(range(240)))
+    killed: list[str] = []
+
+    def kill_first_shard_pod(pod) -> None:  # a node lost under the step's pod, once it has started
+        if "_shard_parts[" in pod.step_key and not killed:
+            killed.append(pod.job)
+            threading.Timer(1.0, StepPodCluster.end, args=(pod, signal.SIGKILL, 0.0)).start()
+
+    cluster.on_start = kill_first_shard_pod
+    with _execute(instance, "ledger_job") as result:
+        failures = [e.message for e in result.all_events if e.is_failure]
+        restarted = [e.step_key for e in result.all_events if e.event_type_value == "STEP_RESTARTED"]
+        success = result.success
+    cluster.wait()
+    if not success or not killed:
+        return False, False, f"run failed: {failures}" if not success else "no shard step pod started"
+    lost = cluster.pods[killed[0]]
+    again = [p for p in _shard_step_pods(cluster) if p.step_key == lost.step_key]
+    others = [p.step_key for p in cluster.pods.values() if p.step_key != lost.step_key]
+    alone = (lost.exit_code == -signal.SIGKILL and len(again) == 2 and again[1].exit_code == 0
+             and restarted == [lost.step_key] and len(others) == len(set(others)))
+    try:
+        _published_equals_a_single_step_build(_store(home), LEDGER, tmp_path / "check")
+        whole = True
+    except AssertionError as exc:
+        whole = False
+        failures.append(str(exc)[:500])
+    return alone, whole, f"lost {lost.step_key} (exit {lost.exit_code}), its pods {[p.exit_code for p in again]}, " \
+                         f"restarted {restarted}; {failures}"

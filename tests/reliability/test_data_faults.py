@@ -8,7 +8,9 @@
 - the cache's disk filling up while a training streams: an error naming data.cache_limit and
   data.cache_dir (a tmpfs of 4 MiB filled by another writer);
 - a worker killed while it shards its step's parts: the step is retried alone and the version
-  holds every image once.
+  holds every image once;
+- a table's shard step pod killed (the step pod simulation, tests/k8s/test_step_pods.py): the
+  step is retried alone in a new pod and the version is the single-step build, byte for byte.
 
 Real SeaweedFS, real torchrun, real Dagster; nothing lost means every optimizer step trained once
 and the dataset version holds exactly the folder's images.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.k8s.test_step_pods import step_pods, table_step_pod_killed  # noqa: F401  (step_pods: a fixture)
 from tests.pipeline.conftest import platform  # noqa: F401  (a fixture)
 from tests.runtime.helpers import make_dataset, torchrun
 from tests.runtime.test_stream_s3 import s3, split_bytes, streaming_config, upload  # noqa: F401  (s3: a fixture)
@@ -191,3 +194,10 @@ def test_a_worker_killed_while_sharding_its_parts_is_retried_alone(platform, tmp
     assert result.success, failure_messages(result)
     assert len(restarted) == 1 and restarted[0] in steps and len(steps) >= 2, (restarted, steps)
     assert held == files and set(dataset_tags(store, "shapes")) == {1}
+
+
+def test_a_tables_shard_step_pod_killed_is_retried_alone(step_pods, tmp_path, ledger):  # noqa: F811
+    alone, whole, why = table_step_pod_killed(step_pods, tmp_path)
+    ledger.record("data: a table partition's pod killed", alone, whole,
+                  "the step retried alone in a new pod; the version the single-step build, byte for byte")
+    assert alone and whole, why
