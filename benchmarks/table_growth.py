@@ -10,7 +10,8 @@ checks, its commits and its publication on main:
 - ``bench_table_full``, a pipeline with no version yet, on the grown CSV: the full ingest.
 
 The second version and the full ingest are timed from the job's start to its end, in an order
-``--full-first`` can turn round. One JSON line: their wall times, each data step's time, and
+``--full-first`` can turn round. One JSON line: their wall times, each data step's time (the
+shards asset's steps each, and ``shards`` from its plan's start to its publish's end), and
 what the raw asset says it ingested (the appended rows alone, or every row and why) and what the
 shards asset says it sharded and read back."""
 
@@ -29,6 +30,9 @@ PIPELINE, FULL = "bench_table", "bench_table_full"
 # the raw asset's line on how it ingested (assets/append.py): the new rows alone, or every row and why
 APPENDED = "appended to the published version's"
 INGEST_LINES = (APPENDED, "every row read (")
+# A graph asset's steps (assets/table_shard_steps.py: plan, a shard_parts step per group, publish),
+# timed together under the asset's name, from the first one's start to the last one's end.
+GRAPH_STEP = re.compile(r"_(plan|shard_parts\[[^\]]*\]|publish)$")
 DIM = 256
 
 
@@ -67,18 +71,24 @@ def run_job(defs, instance, name: str) -> dict:
     if not result.success:
         errs = [e.event_specific_data.error.message.strip() for e in result.all_events if e.is_failure]
         raise SystemExit(f"{name}: the run failed: {errs}")
-    starts, steps, said, raw = {}, {}, [], []
+    starts, steps, said, raw, spans = {}, {}, [], [], {}
     for entry in instance.all_logs(result.run_id):
         ev = entry.dagster_event
         if ev is not None and ev.step_key and ev.event_type_value == "STEP_START":
             starts[ev.step_key] = entry.timestamp
         elif ev is not None and ev.step_key and ev.event_type_value == "STEP_SUCCESS":
-            steps[ev.step_key.split("__")[-1]] = entry.timestamp - starts[ev.step_key]
+            step = ev.step_key.split("__")[-1]
+            steps[step] = entry.timestamp - starts[ev.step_key]
+            asset = GRAPH_STEP.sub("", step)
+            if asset != step:
+                first, last = spans.get(asset, (starts[ev.step_key], entry.timestamp))
+                spans[asset] = (min(first, starts[ev.step_key]), max(last, entry.timestamp))
         elif "part(s) sharded" in (entry.user_message or "") or "shard checks on" in (entry.user_message or ""):
             said.append(entry.user_message)
         elif any(w in (entry.user_message or "") for w in INGEST_LINES):
             raw.append(entry.user_message)
     made = re.search(r": (\d+) of (\d+) part\(s\) sharded", said[0]) if said else None
+    steps.update({asset: last - first for asset, (first, last) in spans.items()})
     return {"wall_s": wall, "step_seconds": steps, "shards_log": said, "raw_log": raw,
             "appended": bool(raw) and APPENDED in raw[0],
             "parts_made": int(made.group(1)) if made else None, "parts": int(made.group(2)) if made else None}
