@@ -35,7 +35,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.image_shard_steps import step_groups
+from assets.shard_steps import step_groups
 from assets.kinds import text_store
 from assets.kinds.image_store import put_shards, strip_carried
 from assets.kinds.text import RAW_NAME, TextPlan, TextSharder, part_from_dict, part_to_dict, previous_parts, \
