@@ -40,10 +40,11 @@ and the full ingest runs as before:
    plus the new rows' keys; class shares from the recorded counts plus the new ones; the
    platform's unique-id rule on the raw copy's ids plus the new ones. No expectation is judged
    on the new rows alone.
-6. **The same raw copy.** The published copy's row groups (one per chunk) are kept as they are,
-   but for a last, partial one that a grown file's first new chunk completes (written again,
-   joined), then one row group per new chunk: the bytes a full ingest writes. Old rows are
-   never parsed from text, never converted and never checked again.
+6. **The same raw copy.** The published copy's row groups (one per chunk) are copied as bytes
+   (assets/parquet_splice.py), but for a last, partial one that a grown file's first new chunk
+   completes (decoded and written again, joined), then one row group per new chunk, and the
+   footer a writer of all of them writes: the bytes a full ingest writes. Old rows are never
+   parsed from text, decoded, converted or checked again.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from assets import arrow_csv, ingest
+from assets import arrow_csv, ingest, parquet_splice
 from assets.arrow_csv import ArrowFallback
 from assets.ingest import Ingested, _fresh
 from assets.quality.chunked import ChunkedRawSuite
@@ -280,7 +281,8 @@ def ingest_appended(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence
 
     rec, rows = plan.record, spec.chunk_rows
     tmp = out.parent
-    raw = pq.ParquetFile(published.fetch(ingest.raw_path(spec.name), tmp / "published.parquet"), pre_buffer=False)
+    raw_file = published.fetch(ingest.raw_path(spec.name), tmp / "published.parquet")
+    raw = pq.ParquetFile(raw_file, pre_buffer=False)
     keys = pq.read_table(published.fetch(ingest.keys_path(spec.name), tmp / "published-keys.parquet")).to_pandas()
     last = rec["last_chunk"]
     groups = raw.num_row_groups
@@ -292,11 +294,11 @@ def ingest_appended(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence
     joined = plan.grown is not None and last["rows"] < rows  # the first new chunk completes the published last one
     arrow, reader = new_files_reader(spec, rec["reader"], plan.new)
     fixed: dict[Path, dict] = {path: {} for path in plan.new}  # the types Arrow's first piece of each fixed
-    writer = ingest._ParquetAppender(out, spec)
+    added_file = tmp / "added.parquet"  # the new row groups, put after the published ones' bytes at the end
+    added_file.unlink(missing_ok=True)
+    writer = ingest._ParquetAppender(added_file, spec)
     error, new_ids, added, shape = None, [], 0, last
     try:
-        for i in range(groups - 1 if joined else groups):
-            writer.append_table(writer.single(raw.read_row_group(i)))
         for chunk, completes in _new_chunks(spec, plan, rows, joined, arrow, fixed):
             shape = ingest.chunk_shape(chunk)
             if completes:
@@ -317,6 +319,11 @@ def ingest_appended(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence
                 writer.append_table(table)
     finally:
         writer.close()
+    try:  # the published row groups as bytes, but a last one the first new chunk completed
+        parquet_splice.splice(raw_file, groups - 1 if joined else groups,
+                              added_file if added_file.exists() else None, out)
+    except parquet_splice.SpliceError as exc:
+        raise NotAppended(f"the published raw copy cannot be extended as a writer would: {exc}") from exc
     if error is None and spec.id_column:
         old_ids = raw.read(columns=[spec.id_column]).column(0).to_numpy(zero_copy_only=False).astype(str)
         error = ingest._duplicate_ids(spec, [old_ids, *new_ids])

@@ -39,8 +39,8 @@ from core.spec import PipelineSpec
 
 REPO = Path(__file__).resolve().parents[1]
 # What makes the bytes of raw_dataset and shards, and their checks: a change here is new data.
-DATA_CODE = ("assets/ingest.py", "assets/source.py", "assets/arrow_csv.py", "assets/append.py", "assets/sharding.py",
-             "assets/prefetch.py", "assets/kinds",
+DATA_CODE = ("assets/ingest.py", "assets/source.py", "assets/arrow_csv.py", "assets/append.py",
+             "assets/parquet_splice.py", "assets/sharding.py", "assets/prefetch.py", "assets/kinds",
              "assets/quality", "core/expectations.py", "training_runtime/data/shard_format.py")
 LIBRARIES = ("numpy", "pandas", "pyarrow", "pillow", "simplejpeg", "tokenizers", "great-expectations")
 

@@ -256,3 +256,45 @@ def test_a_folder_of_parquet_files_grown_by_a_day_commits_only_the_new_parts(pla
 
     diff = {(d.path, d.type) for d in store.diff(tags[1], tags[2], prefix=prefix)}
     assert {path for path, _ in diff} == files(after, new) | files(before, gone) | {prefix + "manifest.json"}
+
+
+# -- the raw copy's published row groups kept as bytes (assets/parquet_splice.py) ---------------------
+
+def _raw_copy(spec, path: Path, chunks: list[range]) -> Path:
+    """A raw copy of one row group per chunk of ids, as the full ingest writes it."""
+    writer = ingest._ParquetAppender(path, spec)
+    for ids in chunks:
+        frame = _frame(ids)
+        writer.append(frame[FEATURES].to_numpy(np.float32), frame["label"].astype(str).to_numpy(),
+                      frame["id"].to_numpy())
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("keep, added", [(3, 2), (2, 2), (0, 1), (3, 0), (1, 0)])
+def test_a_splice_of_kept_row_groups_and_new_ones_is_the_file_a_writer_of_all_of_them_writes(tmp_path, keep, added):
+    from assets.parquet_splice import splice
+
+    spec = _spec("daily", "daily/*")
+    old = [range(0, 109), range(109, 218), range(218, 250)]
+    new = [range(1000 + 109 * i, 1109 + 109 * i - 7 * i) for i in range(added)]
+    published = _raw_copy(spec, tmp_path / "published.parquet", old)
+    part = _raw_copy(spec, tmp_path / "added.parquet", new) if new else None
+    splice(published, keep, part, tmp_path / "spliced.parquet")
+    whole = _raw_copy(spec, tmp_path / "whole.parquet", old[:keep] + new)
+    assert (tmp_path / "spliced.parquet").read_bytes() == whole.read_bytes()
+
+
+def test_a_splice_refuses_files_a_writer_of_all_their_rows_would_not_have_written(tmp_path):
+    from assets.parquet_splice import SpliceError, splice
+    from pipelines.api import Source, dataset_pipeline
+
+    spec = _spec("daily", "daily/*")
+    published = _raw_copy(spec, tmp_path / "published.parquet", [range(0, 109), range(109, 150)])
+    with pytest.raises(SpliceError, match="published.parquet has 2 row groups, not 3"):
+        splice(published, 3, None, tmp_path / "out.parquet")
+    other = dataset_pipeline("other", source=Source(paths=("x/*",)), features=FEATURES[::-1], label="label",
+                             classes=range(3), id_column="id")  # the same columns, named in another order
+    part = _raw_copy(other, tmp_path / "other.parquet", [range(200, 230)])
+    with pytest.raises(SpliceError, match=r"the footers differ in FileMetaData field\(s\) \[5\]"):
+        splice(published, 2, part, tmp_path / "out.parquet")
