@@ -257,6 +257,13 @@ def test_a_folder_of_parquet_files_grown_by_a_day_commits_only_the_new_parts(pla
     diff = {(d.path, d.type) for d in store.diff(tags[1], tags[2], prefix=prefix)}
     assert {path for path, _ in diff} == files(after, new) | files(before, gone) | {prefix + "manifest.json"}
 
+    # a published day's file removed: every row read, and the log says which file and why
+    (days / "2026-12-01.parquet").unlink()
+    third = platform.run(spec)
+    assert third.success, failure_messages(third)
+    assert _said(platform, third, "daily: every row read (1530): 2026-12-01.parquet was published but is not in the "
+                                  "source now (removed or renamed)")
+
 
 # -- the raw copy's published row groups kept as bytes (assets/parquet_splice.py) ---------------------
 
