@@ -66,3 +66,26 @@ def test_numeric_labels_match_text_class_names(tmp_path):
     _write(tmp_path, "id,a,b,y\n1,0.5,1,1\n2,1.5,2,0.0\n")
     frame, _ = load_frame(_spec(class_names=("0", "1")), tmp_path)
     assert sorted(frame["y"]) == ["0", "1"]
+
+
+@pytest.mark.parametrize("arrow", [False, True])
+def test_a_sources_chunks_are_each_files_chunks_in_turn(tmp_path, arrow):
+    """No chunk spans two files, and a file's types come from it alone: what lets a file added to
+    a source be ingested alone (assets/append.py)."""
+    from assets.source import iter_file_chunks, iter_source_chunks
+
+    (tmp_path / "toy").mkdir()
+    files = [tmp_path / "toy" / n for n in ("a.csv", "b.parquet", "c.csv")]
+    frames = [pd.DataFrame({"id": [f"{n}{i}" for i in range(k)], "a": np.arange(k) * 0.5, "b": np.arange(k),
+                            "y": ["x", "z"] * (k // 2)}) for n, k in (("a", 10), ("b", 8), ("c", 6))]
+    frames[2]["b"] = frames[2]["b"] + 0.5  # floats here, integers in the other files
+    for path, frame in zip(files, frames):
+        frame.to_parquet(path, index=False) if path.suffix == ".parquet" else frame.to_csv(path, index=False)
+    spec = _spec()
+    chunks = iter_source_chunks(spec, files, 4)
+    whole = list(chunks.fast() if arrow else chunks)
+    alone = [c for path in files for c in iter_file_chunks(spec, path, 4, arrow=arrow, fixed={})]
+    assert [len(c) for c in whole] == [4, 4, 2, 4, 4, 4, 2]
+    assert len(whole) == len(alone)
+    for mine, theirs in zip(alone, whole):
+        pd.testing.assert_frame_equal(mine, theirs)
