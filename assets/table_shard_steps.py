@@ -199,29 +199,40 @@ def raw_ids(spec: PipelineSpec, path: Path) -> np.ndarray:
     return np.concatenate(parts) if parts else np.array([], dtype=str)
 
 
-def read_rows(spec: PipelineSpec, path: Path, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-    """The raw copy's ``rows`` (sorted positions) as ``iter_raw_arrays`` gives rows: only the row
-    groups holding some of them are read, one at a time, and only those rows kept."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+class RawRows:
+    """The raw copy's ``rows`` (sorted positions), iterated as ``iter_raw_arrays`` gives rows: only
+    the row groups holding some of them are read (``groups`` of ``total``), one at a time, and only
+    those rows kept."""
 
-    source = pq.ParquetFile(path, pre_buffer=False)
-    stored = json.loads((source.schema_arrow.metadata or {}).get(ingest.FEATURE_COLUMNS_KEY, b"null"))
-    if stored != list(spec.feature_columns):
-        raise ValueError(f"the raw copy {path.name} holds features {stored}, not the pipeline's "
-                         f"{list(spec.feature_columns)[:5]}...; re-materialise the raw dataset")
-    sizes = [source.metadata.row_group(g).num_rows for g in range(source.metadata.num_row_groups)]
-    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    target_column = ingest.TARGETS if spec.task == "multilabel" else spec.label_column
-    for g in np.unique(np.searchsorted(starts, rows, side="right") - 1):
-        lo, hi = np.searchsorted(rows, [starts[g], starts[g + 1]])
-        table = source.read_row_group(int(g)).take(pa.array(rows[lo:hi] - starts[g]))
-        n = table.num_rows
-        features = table.column(ingest.FEATURES).combine_chunks().flatten().to_numpy().reshape(n, len(stored))
-        targets = ingest._batch_targets(spec, table.column(target_column).combine_chunks(), n)
-        ids = (table.column(spec.id_column).combine_chunks().to_numpy(zero_copy_only=False).astype(str)
-               if spec.id_column else None)
-        yield features, targets, ids
+    def __init__(self, spec: PipelineSpec, path: Path, rows: np.ndarray):
+        import pyarrow.parquet as pq
+
+        self.spec, self.path, self.rows = spec, path, rows
+        self.source = pq.ParquetFile(path, pre_buffer=False)
+        self.stored = json.loads((self.source.schema_arrow.metadata or {}).get(ingest.FEATURE_COLUMNS_KEY, b"null"))
+        if self.stored != list(spec.feature_columns):
+            raise ValueError(f"the raw copy {path.name} holds features {self.stored}, not the pipeline's "
+                             f"{list(spec.feature_columns)[:5]}...; re-materialise the raw dataset")
+        meta = self.source.metadata
+        self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+                                      ]).astype(np.int64)
+        self.groups = np.unique(np.searchsorted(self.starts, rows, side="right") - 1)
+        self.total = meta.num_row_groups
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        import pyarrow as pa
+
+        spec, rows, starts = self.spec, self.rows, self.starts
+        target_column = ingest.TARGETS if spec.task == "multilabel" else spec.label_column
+        for g in self.groups:
+            lo, hi = np.searchsorted(rows, [starts[g], starts[g + 1]])
+            table = self.source.read_row_group(int(g)).take(pa.array(rows[lo:hi] - starts[g]))
+            n = table.num_rows
+            features = table.column(ingest.FEATURES).combine_chunks().flatten().to_numpy().reshape(n, len(self.stored))
+            targets = ingest._batch_targets(spec, table.column(target_column).combine_chunks(), n)
+            ids = (table.column(spec.id_column).combine_chunks().to_numpy(zero_copy_only=False).astype(str)
+                   if spec.id_column else None)
+            yield features, targets, ids
 
 
 def old_rows(store, name: str, raw: dict, previous: dict | None) -> tuple[int, str]:
@@ -327,8 +338,8 @@ def build_table_shards_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], c
             out = Path(tmp) / "shards"
             path, how = raw_file(s, group["raw_commit"], ingest.raw_path(name), Path(tmp))
             try:
-                made = shard_rows(spec, read_rows(spec, path, group["rows"]), out, salt=group["salt"],
-                                  previous=previous, spans=group["spans"])
+                rows = RawRows(spec, path, group["rows"])
+                made = shard_rows(spec, rows, out, salt=group["salt"], previous=previous, spans=group["spans"])
             except ValueError as exc:
                 raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
                                  allow_retries=False) from exc
@@ -338,7 +349,8 @@ def build_table_shards_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], c
         failures = _staged_problems(s, branch, prefix, written)
         kept = sum(all(e.get(CARRIED) for es in entries.values() for e in es) for entries in _entries(made))
         context.log.info(f"{name}: {len(group['spans'])} part(s) from id {group['first_id']!r}: {len(group['rows'])} "
-                         f"row(s) read ({how}), {len(written)} shard file(s) staged on {branch}"
+                         f"row(s) read from {len(rows.groups)} of the raw copy's {rows.total} row group(s) ({how}), "
+                         f"{len(written)} shard file(s) staged on {branch}"
                          + (f", {kept} part(s) found unchanged and kept" if kept else "")
                          + (f"; {len(failures)} file problem(s)" if failures else ""))
         return {"index": group["index"], "branch": branch, "prefix": prefix, "failures": failures,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import dagster as dg
@@ -131,6 +132,25 @@ def test_groups_of_parts_sharded_alone_make_the_files_and_manifest_of_a_whole_bu
         assert (tmp_path / "steps" / path).read_bytes() == (tmp_path / "whole" / path).read_bytes()
 
 
+@pytest.mark.parametrize("value", [0, 2.5])
+def test_a_step_size_that_is_not_a_whole_number_of_parts_is_refused_naming_the_field(value):
+    from core.spec_fields import PipelineDefinitionError
+
+    with pytest.raises(PipelineDefinitionError, match=r"source\.parts_per_step.*at least 1"):
+        dataset_pipeline("tab", source=Source(paths=("a.csv",), parts_per_step=value), features=list(FEATURES),
+                         label="label", classes=range(3))
+
+
+def test_how_the_work_is_spread_is_not_part_of_the_data_key():
+    import dataclasses
+
+    from assets.data_key import parameters
+
+    spec = _spec("ledger", "ledger/table.csv")
+    wider = dataclasses.replace(spec, source=dataclasses.replace(spec.source, parts_per_step=64))
+    assert parameters(wider) == parameters(spec)
+
+
 def test_a_group_whose_rows_are_not_its_parts_is_refused(tmp_path):
     frame = _frame(range(100))
     with pytest.raises(RuntimeError, match="do not cut 100 row"):
@@ -180,8 +200,10 @@ def _published_equals_a_single_step_build(store, spec, tmp: Path, previous: dict
     return published
 
 
-def test_a_table_in_parts_is_sharded_in_several_steps_and_published_in_one_commit(platform, tmp_path):
-    _write(platform.sources, "ledger/table.csv", _frame(np.random.default_rng(1).permutation(600)))
+@pytest.mark.parametrize("order", ["shuffled", "id order"])
+def test_a_table_in_parts_is_sharded_in_several_steps_and_published_in_one_commit(platform, tmp_path, order):
+    ids = np.random.default_rng(1).permutation(600) if order == "shuffled" else range(600)
+    _write(platform.sources, "ledger/table.csv", _frame(ids))
     spec = _spec("ledger", "ledger/table.csv")
     result = platform.run(spec)
 
@@ -194,6 +216,11 @@ def test_a_table_in_parts_is_sharded_in_several_steps_and_published_in_one_commi
     assert said == [f"ledger: 600 row(s) in {len(manifest['parts'])} part(s), planned from the raw copy's id column "
                     f"(read in place); 0 kept unread (no published version), {len(manifest['parts'])} to shard in "
                     f"{len(_shard_steps(result.all_events))} step(s) of up to 3"]
+    read = [re.search(r"from (\d+) of the raw copy's (\d+) row group", e.message).groups()
+            for e in platform.instance.all_logs(result.run_id) if "row group(s) (read in place)" in e.message]
+    assert len(read) == len(_shard_steps(result.all_events)) and all(int(t) > 1 for _, t in read)
+    if order == "id order":  # a group's rows are a run of the file: it reads only the row groups holding them
+        assert all(int(n) < int(t) / 2 for n, t in read), read
 
 
 def test_a_small_table_is_one_step_by_default(platform):
