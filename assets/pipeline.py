@@ -1,7 +1,8 @@
 """The four assets of one model pipeline: raw dataset -> shards -> checkpoint -> model version.
 
 Bodies stay short: each hands its work to plain functions and only wires store commits,
-data versions and metadata together.
+data versions and metadata together. A table's shards asset is a graph of steps, its parts
+sharded over them (assets/table_shard_steps.py), as an image folder's and a text corpus's are.
 """
 
 
@@ -14,7 +15,7 @@ import dagster as dg
 
 from assets import append, ingest, quality
 from assets.kinds import data_kind
-from assets.table_shard_steps import build_table_shards_asset, part_salt  # noqa: F401 (part_salt: its old home)
+from assets.table_shard_steps import build_table_shards_asset
 from assets.typed_data import build_typed_data_assets
 from assets.source import SourceError, iter_frame_chunks, iter_source_chunks
 from assets.source_place import locate_sources, table_source_files

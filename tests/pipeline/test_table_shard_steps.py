@@ -223,6 +223,27 @@ def test_a_table_in_parts_is_sharded_in_several_steps_and_published_in_one_commi
         assert all(int(n) < int(t) / 2 for n, t in read), read
 
 
+@pytest.mark.parametrize("task, id_column", [("regression", None), ("multilabel", "id"), ("classification", None)])
+def test_each_task_with_or_without_ids_is_the_single_step_build_over_steps(platform, tmp_path, task, id_column):
+    rng = np.random.default_rng(6)
+    frame = _frame(rng.permutation(400))
+    frame["y"] = rng.normal(size=len(frame)).round(3) * 4
+    frame["a"], frame["b"] = rng.integers(0, 2, len(frame)), rng.integers(0, 2, len(frame))
+    targets = {"regression": dict(label="y", task="regression"), "multilabel": dict(labels=["a", "b"], task="multilabel"),
+               "classification": dict(label="label", classes=["0", "1", "2"])}[task]
+    from pipelines.api import dataset_pipeline as declare
+
+    spec = declare("tab", source=Source(loader=lambda: frame, chunk_mb=0.002, parts_per_step=2), features=list(FEATURES),
+                   id_column=id_column, split={"seed": 7, "samples_per_shard": 32}, **targets)
+    result = platform.run(spec)
+
+    assert result.success, failure_messages(result)
+    manifest = _published_equals_a_single_step_build(platform.store(), spec, tmp_path / "check")
+    assert len(_shard_steps(result.all_events)) == -(-len(manifest["parts"]) // 2) >= 3
+    said = [e.message for e in platform.instance.all_logs(result.run_id) if "planned from the raw copy" in e.message]
+    assert ("id column" if id_column else "every column (no id column)") in said[0]
+
+
 def test_a_small_table_is_one_step_by_default(platform):
     _write(platform.sources, "small/table.csv", _frame(range(300)))
     from pipelines.api import dataset_pipeline as declare
