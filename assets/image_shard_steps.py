@@ -23,7 +23,8 @@ raw copy exists (they are the parts that changed), they are not a dimension user
 schedule, and a version must be one commit: partitions would make every group its own
 materialisation of the asset, each free to publish alone.
 
-Locally (in-process executor) the steps run one after another, each on the whole worker pool,
+How parts are grouped and put back in order is shared with tables and text corpora
+(assets/shard_steps.py). Locally (in-process executor) the steps run one after another, each on the whole worker pool,
 which is what one machine can give; on Kubernetes ``k8s_job_executor`` runs each step as a pod.
 """
 
@@ -40,7 +41,7 @@ from assets.kinds.image_shards import CARRIED
 from assets.kinds.image_store import put_shards, strip_carried
 from assets.quality.runner import QualityReport
 from assets.reuse import REUSED, reused_shards
-from assets.shard_steps import assemble_parts, step_groups  # noqa: F401 (step_groups: text_shard_steps)
+from assets.shard_steps import assemble_parts, step_groups
 from assets.shards_output import shards_outputs, stamp_manifest
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
