@@ -41,7 +41,7 @@ from assets.kinds.image_shards import CARRIED
 from assets.kinds.image_store import put_shards, strip_carried
 from assets.quality.runner import QualityReport
 from assets.reuse import REUSED, reused_shards
-from assets.shard_steps import assemble_parts, step_groups
+from assets.shard_steps import assemble_parts, carry_raw_commit, step_groups
 from assets.shards_output import shards_outputs, stamp_manifest
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
@@ -135,6 +135,7 @@ def build_image_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetK
             checked_report = kind.check_shards(spec, manifest, Path(tmp))  # split-level, on the parts' records
             report = QualityReport(checked_report.asset, checked_report.outcomes, failures + checked_report.failures)
             moved = put_shards(s, branch, shard_prefix, Path(tmp), manifest, raw.get("previous_commit"), staged)
+            carry_raw_commit(context, s, raw, branch, Path(tmp))
         manifest = strip_carried(manifest)
         context.log.info(f"{name}: the version's {len(manifest['parts'])} part(s): {len(made)} step(s) sharded "
                          f"{sum(len(g['records']) for g in made)}, {moved['kept']} shard file(s) on the branch "

@@ -9,6 +9,7 @@ a table part's place in id order, since its key is known only once a step has re
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from assets.sharding import CARRIED
 
@@ -45,3 +46,27 @@ def assemble_parts(slots: list[str], made: list[dict], kept: Mapping[str, tuple[
             raise RuntimeError(f"part {(names or slots)[i]} was sharded by no step and is not in the previous "
                                "version; re-execute the whole run")
     return ordered, failures, staged
+
+
+def carry_raw_commit(context, store, raw: dict, branch: str, tmp: Path) -> int:
+    """Stage on ``branch`` what the raw copy's commit changed, when that commit is on another run's
+    branch: a re-execution from failure runs on a branch of its own, made from main, which the
+    first run's raw commit never reached; without this the version would reach main without its
+    raw copy. Returns how many paths it staged (0 for a run that committed its raw copy itself)."""
+    if raw.get("branch") in (None, branch):
+        return 0
+    commit = store.get_commit(raw["commit_id"])
+    changes = store.diff(commit.parents[0], commit.id) if commit.parents else []
+    for change in changes:
+        if change.type == "removed":
+            if store.exists(branch, change.path):
+                store.delete_object(branch, change.path)
+            continue
+        local = store.download(commit.id, change.path, tmp / "raw-commit" / change.path)
+        store.put_file(branch, change.path, local)
+        local.unlink()
+    if changes:
+        context.log.info(f"{raw['dataset']}: the raw copy's commit {raw['commit_id'][:12]} is on {raw['branch']}, an "
+                         f"earlier run's branch: its {len(changes)} change(s) staged here to be committed with the "
+                         "shards")
+    return len(changes)

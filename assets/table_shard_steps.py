@@ -52,7 +52,7 @@ from assets import ingest, quality
 from assets.kinds.image_parts import cut_points
 from assets.kinds.image_store import put_shards, strip_carried
 from assets.reuse import REUSED, reused_shards
-from assets.shard_steps import assemble_parts, step_groups
+from assets.shard_steps import assemble_parts, carry_raw_commit, step_groups
 from assets.sharding import (
     CARRIED,
     SPLITS,
@@ -68,7 +68,6 @@ from assets.sharding import (
     v2_header,
 )
 from assets.shards_output import shards_outputs, stamp_manifest
-from assets.text_shard_steps import carry_raw_commit  # a re-execution's branch lacks the first run's raw commit
 from core.datasets import DATA_KEY
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
@@ -378,10 +377,7 @@ def build_table_shards_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], c
         stamp_manifest(spec, manifest, raw)
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:  # every file is staged or kept: none to upload
             moved = put_shards(s, branch, prefix, Path(tmp), manifest, planned["previous_commit"], staged)
-            carried_raw = carry_raw_commit(s, raw, branch, Path(tmp))
-        if carried_raw:
-            context.log.info(f"{name}: the raw copy's commit {raw['commit_id'][:12]} is on {raw['branch']}, an earlier "
-                             f"run's branch: its {carried_raw} change(s) staged here to be committed with the shards")
+            carry_raw_commit(context, s, raw, branch, Path(tmp))
         carried = sum(all(e.get(CARRIED) for es in p.entries.values() for e in es) for p in parts)
         context.log.info(f"{name}: {len(parts) - carried} of {len(parts)} part(s) sharded in {len(made)} step(s)"
                          + (f", the other {carried} kept from the published version" if previous else "")

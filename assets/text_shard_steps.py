@@ -35,7 +35,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.shard_steps import step_groups
+from assets.shard_steps import carry_raw_commit, step_groups
 from assets.kinds import text_store
 from assets.kinds.image_store import put_shards, strip_carried
 from assets.kinds.text import RAW_NAME, TextPlan, TextSharder, part_from_dict, part_to_dict, previous_parts, \
@@ -76,26 +76,6 @@ def all_carried(manifest: dict) -> dict:
     part's record; the steps read the new ones back, the published version its own."""
     return {**manifest, "splits": {s: {**info, "shards": [{**e, CARRIED: True} for e in info["shards"]]}
                                    for s, info in manifest["splits"].items()}}
-
-
-def carry_raw_commit(store, raw: dict, branch: str, tmp: Path) -> int:
-    """Stage on ``branch`` what the raw copy's commit changed, when that commit is on another run's
-    branch: a re-execution from failure runs on a branch of its own, made from main, which the
-    first run's raw commit never reached; without this the version would reach main without its
-    raw copy. Returns how many paths it staged (0 for a run that committed its raw copy itself)."""
-    if raw.get("branch") in (None, branch):
-        return 0
-    commit = store.get_commit(raw["commit_id"])
-    changes = store.diff(commit.parents[0], commit.id) if commit.parents else []
-    for change in changes:
-        if change.type == "removed":
-            if store.exists(branch, change.path):
-                store.delete_object(branch, change.path)
-            continue
-        local = store.download(commit.id, change.path, tmp / "raw-commit" / change.path)
-        store.put_file(branch, change.path, local)
-        local.unlink()
-    return len(changes)
 
 
 def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey], checked) -> dg.AssetsDefinition:
@@ -202,10 +182,7 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
             checked_report = kind.check_shards(spec, all_carried(manifest), tmp)
             report = QualityReport(checked_report.asset, checked_report.outcomes, failures + checked_report.failures)
             moved = put_shards(s, branch, shard_prefix, tmp, manifest, planned["published"], staged)
-            carried_raw = carry_raw_commit(s, raw, branch, tmp)
-        if carried_raw:
-            context.log.info(f"{name}: the raw copy's commit {raw['commit_id'][:12]} is on {raw['branch']}, an earlier "
-                             f"run's branch: its {carried_raw} change(s) staged here to be committed with the shards")
+            carry_raw_commit(context, s, raw, branch, tmp)
         context.log.info(text_store.sharded_line(name, manifest, previous, moved)
                          + f"; {len(made)} step(s) tokenized the new part(s); one commit")
         yield from shards_outputs(context, s, spec, key, raw, strip_carried(manifest), report, branch, platform,

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -231,6 +233,70 @@ def test_the_parts_are_sharded_over_steps_a_failed_one_is_retried_alone_and_a_ve
     assert store.resolve_ref("main") == main
     on_main = {c.id for c in store.log("main")}
     assert not [c for c in store.log(f"run-{failed.run_id}") if c.id not in on_main and c.message.startswith("Shard")]
+
+
+# A job Dagster can rebuild by reference: a re-execution from failure needs one, with the first
+# run's outputs in the instance's storage.
+DATA_ROOT_VAR = "IMAGE_STEPS_TEST_DATA_ROOT"
+
+
+def image_steps_job():
+    from pipelines.definitions import build_definitions, training_job_name
+    from pipelines.profiles import Profile
+
+    profile = Profile(name="local", data_root=Path(os.environ[DATA_ROOT_VAR]))
+    return build_definitions(profile, [_spec()], with_yaml=False).resolve_job_def(training_job_name(_spec()))
+
+
+def test_a_re_execution_from_failure_redoes_only_the_failed_group_and_main_gets_the_raw_copy_too(
+        platform, monkeypatch):
+    """The re-execution runs on a branch of its own, made from main, which the first run's raw
+    commit never reached: publish stages that commit's files beside the shards, so main never holds
+    shards without the raw copy they were made from."""
+    import dagster as dg
+
+    monkeypatch.setenv(DATA_ROOT_VAR, str(platform.profile.data_root))
+    write_shapes_source(platform.sources, per_class=30, seed=3)
+    calls: list[tuple[str, ...]] = []
+    shard = ImageKind.shard
+
+    def second_group_fails(self, spec_, raw_dir, out_dir, previous=None):
+        names = tuple(p["name"] for p in json.loads((raw_dir / "parts.json").read_text())["parts"])
+        calls.append(names)
+        if len(calls) == 2:  # a problem no retry fixes: the run fails
+            raise ValueError("the preprocessing cannot read this part")
+        return shard(self, spec_, raw_dir, out_dir, previous)
+
+    monkeypatch.setattr(ImageKind, "shard", second_group_fails)
+    job = dg.reconstructable(image_steps_job)
+    with platform.instance:
+        with dg.execute_job(job, instance=platform.instance, raise_on_error=False) as first:
+            assert not first.success
+            first_id = first.run_id
+        store = platform.store()
+        (raw_commit,) = [c.id for c in store.log(f"run-{first_id}") if c.message.startswith("Ingest")]
+        assert not store.list_objects("main", prefix="datasets/shapes/")  # nothing published
+        failed_group = calls[1]
+        calls.clear()
+        monkeypatch.setattr(ImageKind, "shard", shard)
+        counted = []
+
+        def counting(self, spec_, raw_dir, out_dir, previous=None):
+            counted.append(tuple(p["name"] for p in json.loads((raw_dir / "parts.json").read_text())["parts"]))
+            return shard(self, spec_, raw_dir, out_dir, previous)
+
+        monkeypatch.setattr(ImageKind, "shard", counting)
+        options = dg.ReexecutionOptions.from_failure(first_id, platform.instance)
+        with dg.execute_job(job, instance=platform.instance, raise_on_error=False,
+                            reexecution_options=options) as again:
+            assert again.success, [e.message for e in again.all_events if e.is_failure]
+
+    assert counted == [failed_group]  # the other groups' outputs came from the first run
+    raw_on_main = sorted(o.path for o in store.list_objects("main", prefix="datasets/shapes/raw/"))
+    raw_made = sorted(o.path for o in store.list_objects(raw_commit, prefix="datasets/shapes/raw/"))
+    assert raw_on_main == raw_made and raw_on_main
+    assert all(store.get_object("main", path) == store.get_object(raw_commit, path) for path in raw_on_main)
+    assert _manifest(store)["source_commit"] == raw_commit
 
 
 def test_how_the_work_is_spread_is_not_part_of_the_data_key():
