@@ -329,7 +329,7 @@ def ingest_appended(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence
         error = ingest._duplicate_ids(spec, [old_ids, *new_ids])
     report = checker.finish().with_failure(error)
     done = Ingested(report=report, rows=rec["rows"] + added, columns=rec["columns"], path=out, reader=reader,
-                    how=f"appended to the published version's {rec['rows']} row(s): {added} new row(s) of "
+                    appended_to=rec["rows"], how=f"appended to the published version's {rec['rows']} row(s): {added} new row(s) of "
                         f"{_what(plan)} parsed and checked, the raw suite judged on every row from the published "
                         "sums and key table")
     if not report.passed:

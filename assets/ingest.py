@@ -50,6 +50,9 @@ class Ingested:
     path: Path  # the validated rows as Parquet; meaningful only when report.passed
     reader: str = "pandas"  # which parser read the source: "arrow", or "pandas" with the reason
     how: str = ""  # for the log: the rows appended to the published version's, or why every row was read
+    # The published raw copy's rows when this one is that copy with rows appended (assets/append.py):
+    # its first rows are those, unchanged. None after a full ingest.
+    appended_to: int | None = None
     record: dict | None = None  # what a later version's append builds on (``ingest_record_path``)
     keys: Path | None = None  # the raw suite's key table of every row, beside the record
     checker: ChunkedRawSuite | None = field(default=None, repr=False, compare=False)  # the suite as it ended

@@ -233,14 +233,11 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
 
 
-APPENDED = "appended to the published version's"  # how assets/append.py says it took the append path
-
-
 def _appended(ingested: ingest.Ingested, published: append.Published | None) -> dict:
     """``{"appended": the published copy's rows and files}`` when the raw copy is the published one
     with rows appended (its first rows those rows, unchanged: assets/append.py), which lets the
     shards' plan keep parts without reading them (assets/table_shard_steps.py); else nothing."""
-    if published is None or not ingested.how.startswith(APPENDED):
+    if published is None or ingested.appended_to is None:
         return {}
     return {"appended": {"rows": published.record["rows"], "files": published.record["files"]}}
 

@@ -373,7 +373,8 @@ def disk_full_shards(ctx, rng, fault: Fault) -> None:
                        if r.event_log_entry.dagster_event_type == dg.DagsterEventType.STEP_START}
             ended = {r.event_log_entry.step_key for r in records
                      if r.event_log_entry.dagster_event_type != dg.DagsterEventType.STEP_START}
-            if any(k and k.endswith("__shards") for k in started - ended):
+            # a shards asset is one step, or a graph of steps (<name>__shards.<name>__shards_plan, _shard_parts[...], _publish)
+            if any(k and "__shards" in k for k in started - ended):
                 hits.append(run)
         return hits
 
