@@ -12,8 +12,11 @@ Semantics every implementation must keep (the behaviour suite in tests/store che
 
 from __future__ import annotations
 
+import io
 import re
+import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,6 +166,95 @@ def validate_metadata(metadata: dict[str, str] | None) -> dict[str, str]:
     return dict(metadata)
 
 
+def check_range(path: str, start: int, length: int) -> None:
+    """Refuse a range no object has, naming it (``read_range``'s arguments)."""
+    if not isinstance(start, int) or not isinstance(length, int) or start < 0 or length < 0:
+        raise StoreError(f"read_range({path!r}, start={start!r}, length={length!r}): start and length must be "
+                         "whole numbers of bytes, 0 or more")
+
+
+class RangedObject(io.RawIOBase):
+    """One store object as a read-only, seekable binary file that reads only what is asked.
+
+    Each ``read`` is one ``read_range`` of exactly the bytes asked for (clipped at the end), so
+    the bytes fetched (``bytes_fetched``, ``requests``) are what the reader needed, and a
+    failure is retried by the store per request. No read-ahead: Parquet readers already read
+    whole column chunks (or, with ``pre_buffer=True``, a row group's chunks coalesced into one
+    range), and a block-aligned read-ahead would fetch neighbouring row groups a step does not
+    need. What was fetched is kept, up to ``cache_bytes`` (least recently used first out), and a
+    read inside a kept range costs no request: Parquet reads the last 64 KiB for the footer and
+    then reads the metadata and the last row group again from inside it.
+    """
+
+    def __init__(self, store: VersionedStore, ref: str, path: str, *, cache_bytes: int = 16 << 20):
+        super().__init__()
+        self.store, self.ref, self.path = store, ref, path
+        self.name = path  # what error messages (and pyarrow) call the file
+        self._size = store.stat_object(ref, path).size_bytes
+        self._pos = 0
+        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self._cache_bytes = cache_bytes
+        self._lock = threading.Lock()  # one reader thread may prefetch while another reads
+        self.bytes_fetched = 0
+        self.requests = 0
+
+    def __repr__(self) -> str:
+        return f"RangedObject({self.path!r} at {self.ref!r}, {self._size} bytes)"
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def size(self) -> int:
+        return self._size
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"seek to {base + offset} in {self.path}: before the start")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        start = self._pos
+        end = self._size if size is None or size < 0 else min(self._size, start + size)
+        data = self.pread(start, end - start) if end > start else b""
+        self._pos = start + len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+    def pread(self, start: int, length: int) -> bytes:
+        """``length`` bytes from ``start`` (clipped at the end), from what is kept or one request."""
+        with self._lock:
+            for at, data in self._cache.items():
+                if at <= start and start + length <= at + len(data):
+                    self._cache.move_to_end(at)
+                    return data[start - at:start - at + length]
+            data = self.store.read_range(self.ref, self.path, start, length)
+            if len(data) != min(length, max(0, self._size - start)):
+                raise StoreError(f"read {self.path!r} at {self.ref!r}: got {len(data)} byte(s) for {length} from "
+                                 f"{start} of {self._size}; the object changed while read: read it at a commit id")
+            self.requests += 1
+            self.bytes_fetched += len(data)
+            if len(data) <= self._cache_bytes:
+                self._cache[start] = data
+                while sum(map(len, self._cache.values())) > self._cache_bytes:
+                    self._cache.popitem(last=False)
+            return data
+
+
 @dataclass
 class StoreLocation:
     """Where a worker can read one object at a pinned commit, without the store's client."""
@@ -223,6 +315,24 @@ class VersionedStore(ABC):
     @abstractmethod
     def download(self, ref: str, path: str, dest: Path) -> Path:
         """Copy ``path`` at ``ref`` to the local file ``dest`` (streamed)."""
+
+    @abstractmethod
+    def stat_object(self, ref: str, path: str) -> ObjectInfo:
+        """``path``'s size and checksum at ``ref``. Raises RefNotFoundError."""
+
+    @abstractmethod
+    def read_range(self, ref: str, path: str, start: int, length: int) -> bytes:
+        """Bytes ``start`` to ``start + length`` of ``path`` at ``ref``, as a file's pread gives
+        them: clipped at the object's end, so fewer when the range runs past it and ``b""`` when
+        ``start`` is at or past it or ``length`` is 0. A missing object or ref raises
+        RefNotFoundError even then; a negative ``start`` or ``length`` raises StoreError."""
+
+    def open_object(self, ref: str, path: str, *, cache_bytes: int = 16 << 20) -> RangedObject:
+        """A read-only, seekable file over ``path`` at ``ref`` that fetches only the byte ranges
+        read (``read_range``), for readers such as ``pyarrow.parquet.ParquetFile`` that seek to
+        what they need. Give a commit id: at a branch a concurrent write could change the
+        object between two reads."""
+        return RangedObject(self, ref, path, cache_bytes=cache_bytes)
 
     @abstractmethod
     def list_objects(self, ref: str, prefix: str = "") -> list[ObjectInfo]:

@@ -45,6 +45,7 @@ from resources.store.base import (
     StoreLocation,
     StoreUser,
     VersionedStore,
+    check_range,
     is_branch_id,
     validate_metadata,
     validate_object_path,
@@ -382,6 +383,35 @@ class LakeFSVersionedStore(VersionedStore):
         validate_ref_name(ref, "ref")
         validate_object_path(path)
         data = self._call(f"read {path!r} at {ref!r}", self._sdk.objects_api.get_object, self.repository, ref, path)
+        return bytes(data)
+
+    def stat_object(self, ref: str, path: str) -> ObjectInfo:
+        stat = self._stat(ref, path)
+        return ObjectInfo(path=stat.path, size_bytes=stat.size_bytes or 0, checksum=stat.checksum)
+
+    def read_range(self, ref: str, path: str, start: int, length: int) -> bytes:
+        """One ``GET .../objects`` with an HTTP ``Range`` header, through ``_call``'s retries.
+        lakeFS answers 416 when ``start`` is at or past the end (an empty object has no byte to
+        start at): that is the empty read the interface promises. A zero-length read sends no
+        range (HTTP has none) but a stat, so a missing object still fails."""
+        validate_ref_name(ref, "ref")
+        validate_object_path(path)
+        check_range(path, start, length)
+        if length == 0:
+            self._stat(ref, path)
+            return b""
+        try:
+            data = self._call(f"read bytes {start}-{start + length - 1} of {path!r} at {ref!r}",
+                              self._sdk.objects_api.get_object, self.repository, ref, path,
+                              range=f"bytes={start}-{start + length - 1}")
+        except StoreError as exc:
+            if http_status(exc) == 416:
+                return b""
+            raise
+        if len(data) > length:
+            raise StoreError(f"read bytes {start}-{start + length - 1} of {path!r} at {ref!r}: lakeFS at "
+                             f"{self.endpoint} sent {len(data)} bytes, more than the range; check that it "
+                             "honours HTTP Range (lakeFS does)")
         return bytes(data)
 
     def download(self, ref: str, path: str, dest: Path) -> Path:

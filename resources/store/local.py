@@ -39,6 +39,7 @@ from resources.store.base import (
     StoreError,
     StoreLocation,
     VersionedStore,
+    check_range,
     validate_metadata,
     validate_object_path,
     validate_ref_name,
@@ -251,6 +252,18 @@ class LocalVersionedStore(VersionedStore):
     def download(self, ref: str, path: str, dest: Path) -> Path:
         sha, _ = self._entry(ref, path)
         return atomic_copy_file(self._object_file(sha), Path(dest))
+
+    def stat_object(self, ref: str, path: str) -> ObjectInfo:
+        sha, size = self._entry(ref, path)
+        return ObjectInfo(path=path, size_bytes=size, checksum=sha)
+
+    def read_range(self, ref: str, path: str, start: int, length: int) -> bytes:
+        check_range(path, start, length)
+        sha, _ = self._entry(ref, path)
+        # Blobs are named by their content and never rewritten: a slice of the file is the object's.
+        with open(self._object_file(sha), "rb") as f:
+            f.seek(start)
+            return f.read(length)
 
     def list_objects(self, ref: str, prefix: str = "") -> list[ObjectInfo]:
         tree = self._tree_at(ref)

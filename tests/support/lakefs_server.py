@@ -73,6 +73,19 @@ class LakeFSTestServer:
         self.model = LakeFSModel(self.root / "blobs")
         self._server: ThreadingHTTPServer | None = None
         self.proxy: FaultProxy | None = None
+        # Object bytes sent, by object path (GET, ranged or whole, on the API and the S3 gateway):
+        # what tests of ranged reads count, as a bill for lakeFS's egress would.
+        self.bytes_served: dict[str, int] = {}
+        self._served_lock = threading.Lock()
+
+    def served(self, path: str) -> int:
+        """Object bytes of ``path`` sent so far (every repository and ref)."""
+        with self._served_lock:
+            return self.bytes_served.get(path, 0)
+
+    def _count_served(self, path: str, length: int) -> None:
+        with self._served_lock:
+            self.bytes_served[path] = self.bytes_served.get(path, 0) + length
 
     def start(self) -> LakeFSTestServer:
         owner = self
@@ -444,9 +457,9 @@ class _Handler(BaseHTTPRequestHandler):
     def get_object(self, repo, ref, query, body):
         with self.model.lock:
             entry = self.model.entry(self.model.repo(repo), ref, query.get("path", ""))
-        self._send_object(entry)  # blobs never change: streamed without the lock
+        self._send_object(entry, query.get("path", ""))  # blobs never change: streamed without the lock
 
-    def _send_object(self, entry: Entry) -> None:
+    def _send_object(self, entry: Entry, path: str) -> None:
         """GetObject and HeadObject: whole, or one byte range (pkg/httputil/range.go ParseRange)."""
         size, status = entry.size, 200
         headers = {"ETag": f'"{entry.checksum}"', "Accept-Ranges": "bytes"}
@@ -464,6 +477,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        self.server_state._count_served(path, length)
         # Streamed in chunks: a test server must not hold whole objects in memory either.
         with open(self.model.blob_file(entry), "rb") as f:
             f.seek(start)
@@ -574,7 +588,7 @@ class _Handler(BaseHTTPRequestHandler):
         except LakeFSError:
             self._send(404, b"<Error><Code>NoSuchKey</Code></Error>", content_type="application/xml")
             return
-        self._send_object(entry)
+        self._send_object(entry, key)
 
 
 def parse_range(spec: str, size: int) -> tuple[int, int]:
