@@ -26,6 +26,8 @@ from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
 from resources.store.base import MAIN
 
+TEXT_RAW_NAME = "documents.parquet"  # assets/kinds/text.py RAW_NAME, without importing the kind here
+
 
 def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, dg.AssetKey], *,
                             source_commit_tag: str, checked) -> list[dg.AssetsDefinition]:
@@ -63,8 +65,11 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
                 raw = kind.ingest(spec, files, root, Path(tmp) / "raw", salt=key["parameters"] + key["code"],
                                   hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
                                   previous=previous)
-            else:
-                raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name)
+            else:  # a text corpus: by its new documents alone when it is the published one grown
+                raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name, key=key,
+                                  hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
+                                  published=published_corpus(s, name, reuse.newest_commit))
+                context.log.info(f"{name}: {raw.how}")
             branch = ensure_run_branch(s, context.run_id)
             if raw.report.passed:  # otherwise only the evidence stays on the run branch
                 if raw.parts is not None:
@@ -72,6 +77,8 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
                     context.log.info(parts_line(name, raw.parts, reuse.newest if previous else None, moved))
                 else:
                     s.put_file(branch, raw_store_path, raw.path)
+                    s.put_object(branch, ingest.ingest_record_path(name), json.dumps(
+                        raw.record or {"not_appendable": "no ingest record"}, indent=1, sort_keys=True).encode())
             s.put_object(branch, prefix + "raw/sources.json", json.dumps(raw.sources, indent=2, sort_keys=True).encode())
         commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
                                    f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
@@ -92,6 +99,23 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
     from assets.text_shard_steps import build_text_shards_asset
 
     return [raw_dataset, build_text_shards_asset(spec, kind, keys, checked)]
+
+
+def published_corpus(store, name: str, commit: str | None):
+    """The ingest record of the text corpus's newest version, which a grown corpus builds on
+    (assets/kinds/text_append.py); None without a version whose parameters and code are the run's
+    (``Reuse.newest_commit``) or whose ingest left a record."""
+    from assets.kinds.text_append import PublishedCorpus
+    from resources.store.base import RefNotFoundError
+
+    if commit is None:
+        return None
+    try:
+        record = json.loads(store.get_object(commit, ingest.ingest_record_path(name)))
+    except RefNotFoundError:
+        return None
+    raw = ingest.dataset_prefix(name) + "raw/" + TEXT_RAW_NAME
+    return PublishedCorpus(record=record, fetch=lambda dest: store.download(commit, raw, dest))
 
 
 def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,

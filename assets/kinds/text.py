@@ -3,7 +3,8 @@
 - ``ingest`` reads the files ``docs_per_chunk`` documents at a time (text_read.py), refuses what
   cannot be used, naming file, line and problem, and writes the accepted documents row group by
   row group to ``documents.parquet``: ``id`` ("<file>:<line>" or "<file>"), ``text``, ``label``
-  (classification only) and ``chars``.
+  (classification only) and ``chars`` (text_ingest.py). A corpus that is the published one grown
+  by new files or appended JSONL lines is read by its new documents alone (text_append.py).
 - ``shard`` cuts the documents, in the raw copy's order (files by path, lines in file order), into
   content-defined parts (the image folders' cut rule over the ids, assets/kinds/image_parts.py),
   splits them by a seeded hash of their id (before any tokenizing: the BPE sees the training split
@@ -29,15 +30,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from assets.kinds.base import RawData
 from assets.kinds.image_parts import KEY_CHARS, cut_points, part_key
 from assets.kinds.text_pack import (
     ShardBuffer,
@@ -46,8 +44,9 @@ from assets.kinds.text_pack import (
     classification_samples,
     lm_columns,
 )
-from assets.kinds.text_quality import DocumentExpectations, class_names_of, document_problem
-from assets.kinds.text_read import Document, Problems, read_documents, relative_name
+from assets.kinds.text_append import PublishedCorpus, ingest_corpus
+from assets.kinds.text_ingest import TextRawData
+from assets.kinds.text_quality import class_names_of
 from assets.kinds.text_shard_checks import check_text_shards
 from assets.kinds.text_tokens import (
     TOKENIZER_FILE,
@@ -60,7 +59,6 @@ from assets.kinds.text_tokens import (
 )
 from assets.quality.runner import QualityReport
 from assets.sharding import CARRIED, SPLITS, assign_splits
-from assets.source import file_sha256
 from core.spec import PipelineSpec, TextPreprocessing
 from training_runtime.data.shard_format import FORMAT_V2
 
@@ -72,22 +70,11 @@ class TextKind:
     raw_name = RAW_NAME
     shards_in_parts = True  # its shards asset keeps the published version's parts (text_store.py)
 
-    def ingest(self, spec: PipelineSpec, files: list[Path], root: Path, out: Path) -> RawData:
-        problems = Problems()
-        expectations = DocumentExpectations(spec)
-        per_file: dict[str, int] = {}
-        rows = 0
-        with RawCopyWriter(out, labelled=bool(class_names_of(spec))) as writer:
-            documents = read_documents(spec.source, files, root, problems, per_file)
-            for chunk in _chunks(documents, spec.source.docs_per_chunk):
-                expectations.add(chunk)
-                kept = _acceptable(spec, chunk, problems)
-                writer.write(kept)
-                rows += len(kept)
-        if expectations.documents == 0:
-            problems.add(f"the corpus holds no documents ({len(files)} file(s) read: {_first_names(files, root)})")
-        report = QualityReport(f"{spec.name}/raw_dataset", expectations.finish(len(files)), problems.listed())
-        return RawData(path=out, rows=rows, report=report, sources=_describe(files, root, per_file))
+    def ingest(self, spec: PipelineSpec, files: list[Path], root: Path, out: Path, *, key: dict | None = None,
+               hashes: dict[str, str] | None = None, published: PublishedCorpus | None = None) -> TextRawData:
+        """The raw copy: by the new documents alone when the corpus is the ``published`` one grown
+        (text_append.py), else every document read (text_ingest.py)."""
+        return ingest_corpus(spec, files, root, out, key=key, hashes=hashes, published=published)
 
     def shard(self, spec: PipelineSpec, raw_file: Path, out_dir: Path, *, salt: str = "",
               previous: dict | None = None, tokenizer_file: Path | None = None) -> dict:
@@ -98,68 +85,6 @@ class TextKind:
 
 
 TEXT = TextKind()
-
-
-def _chunks(documents: Iterator[Document], size: int) -> Iterator[list[Document]]:
-    while chunk := list(islice(documents, size)):
-        yield chunk
-
-
-def _acceptable(spec: PipelineSpec, chunk: list[Document], problems: Problems) -> list[Document]:
-    """The documents of ``chunk`` whose length and label are right; the others' problems recorded."""
-    kept = []
-    for document in chunk:
-        problem = document_problem(spec, document)
-        if problem:
-            problems.add(problem)
-        else:
-            kept.append(document)
-    return kept
-
-
-def _first_names(files: list[Path], root: Path) -> str:
-    names = sorted(relative_name(f, root) for f in files)
-    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-
-
-def _describe(files: list[Path], root: Path, per_file: dict[str, int]) -> list[dict]:
-    """What raw_dataset records about each file read (a symbolic link as the link, not followed)."""
-    out = []
-    for f in sorted(files, key=lambda p: relative_name(p, root)):
-        rel = relative_name(f, root)
-        entry = {"file": rel, "bytes": f.lstat().st_size, "documents": per_file.get(rel, 0)}
-        if f.is_symlink():
-            entry["link"] = str(f.readlink())
-        elif f.is_file():
-            entry["sha256"] = file_sha256(f)
-        out.append(entry)
-    return out
-
-
-class RawCopyWriter:
-    """documents.parquet, one row group per chunk of accepted documents."""
-
-    def __init__(self, path: Path, labelled: bool):
-        fields = [("id", pa.string()), ("text", pa.large_string())]
-        fields += [("label", pa.string())] if labelled else []
-        self.schema = pa.schema([*fields, ("chars", pa.int64())])
-        self.labelled = labelled
-        self._writer = pq.ParquetWriter(path, self.schema, compression="zstd")
-
-    def write(self, documents: list[Document]) -> None:
-        if not documents:
-            return
-        columns = {"id": [d.id for d in documents], "text": [d.text for d in documents]}
-        if self.labelled:
-            columns["label"] = [d.label for d in documents]
-        columns["chars"] = [len(d.text) for d in documents]
-        self._writer.write_table(pa.Table.from_pydict(columns, schema=self.schema), row_group_size=len(documents))
-
-    def __enter__(self) -> "RawCopyWriter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._writer.close()
 
 
 class TextSharder:

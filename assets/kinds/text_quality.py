@@ -9,6 +9,7 @@ whose verdicts the report keeps with the tables', and per document, to name the 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 
 import pandas as pd
 
@@ -74,6 +75,19 @@ class DocumentExpectations:
         self._merge([outcome for outcome, _ in self.runner.validate("documents", self.per_document, frame)])
         self.documents += len(documents)
         self.labels.update(d.label for d in documents if d.label is not None)
+
+    def state(self) -> dict:
+        """What ``resume`` needs to go on as if every document fed so far were fed again: the
+        merged per-document outcomes, the documents and the labels counted (JSON, for the ingest
+        record a later version's ingest of new documents resumes from, text_append.py)."""
+        return {"documents": self.documents, "labels": dict(sorted(self.labels.items())),
+                "merged": None if self._merged is None else [asdict(o) for o in self._merged]}
+
+    def resume(self, state: dict) -> None:
+        """Go on from ``state`` (``state()`` of expectations fed the same documents in the same chunks)."""
+        self.documents = state["documents"]
+        self.labels = Counter(state["labels"])
+        self._merged = None if state["merged"] is None else [ExpectationOutcome(**o) for o in state["merged"]]
 
     def _merge(self, outcomes: list[ExpectationOutcome]) -> None:
         """Map expectations without ``mostly``: the corpus passes when every chunk passes."""

@@ -56,9 +56,11 @@ def relative_name(path: Path, root: Path) -> str:
 
 
 def read_documents(source: TextCorpus, files: list[Path], root: Path, problems: Problems,
-                   documents_per_file: dict[str, int]) -> Iterator[Document]:
+                   documents_per_file: dict[str, int], lines_per_file: dict[str, int] | None = None
+                   ) -> Iterator[Document]:
     """Every readable document of ``files``, files in order of their path under ``root`` and lines
-    in file order: the order of the raw copy and of the token stream."""
+    in file order: the order of the raw copy and of the token stream. ``lines_per_file`` gets each
+    JSONL file's lines read (blank ones too): where lines appended to it later are numbered from."""
     for rel, path in sorted((relative_name(f, root), f) for f in files):
         documents_per_file[rel] = 0
         target = _readable_target(path, root, rel, problems)
@@ -72,10 +74,26 @@ def read_documents(source: TextCorpus, files: list[Path], root: Path, problems: 
         if size == 0:
             problems.add(f"{rel}: the file is empty (0 bytes)")
             continue
-        reader = _jsonl_documents if path.suffix == ".jsonl" else _txt_document
-        for document in reader(target, rel, source, problems):
+        if path.suffix == ".jsonl":
+            documents = _jsonl_documents(target, rel, source, problems, lines=lines_per_file)
+        else:
+            documents = _txt_document(target, rel, source, problems)
+        for document in documents:
             documents_per_file[rel] += 1
             yield document
+
+
+def read_appended_lines(source: TextCorpus, path: Path, rel: str, start: int, lines_before: int,
+                        problems: Problems, documents_per_file: dict[str, int],
+                        lines_per_file: dict[str, int]) -> Iterator[Document]:
+    """The documents of the lines appended to the JSONL file ``path`` after its first ``start``
+    bytes, which held ``lines_before`` lines ending with a line end: numbered, offset and refused
+    as a whole read of the file numbers, offsets and refuses them (assets/kinds/text_append.py)."""
+    documents_per_file.setdefault(rel, 0)
+    for document in _jsonl_documents(path, rel, source, problems, lines=lines_per_file, start=start,
+                                     lines_before=lines_before):
+        documents_per_file[rel] += 1
+        yield document
 
 
 def _readable_target(path: Path, root: Path, rel: str, problems: Problems) -> Path | None:
@@ -114,11 +132,17 @@ def _decoded(data: bytes, where: str, file_offset: int, problems: Problems, afte
         return None
 
 
-def _jsonl_documents(path: Path, rel: str, source: TextCorpus, problems: Problems) -> Iterator[Document]:
+def _jsonl_documents(path: Path, rel: str, source: TextCorpus, problems: Problems, *,
+                     lines: dict[str, int] | None = None, start: int = 0, lines_before: int = 0) -> Iterator[Document]:
     limit = JSON_BYTES_PER_CHAR * source.max_chars + JSON_LINE_SLACK
-    offset = 0
+    offset = start
+    if lines is not None:
+        lines[rel] = lines_before
     with open(path, "rb") as f:
-        for number, line, size in _bounded_lines(f, limit):
+        f.seek(start)
+        for number, line, size in _bounded_lines(f, limit, lines_before):
+            if lines is not None:
+                lines[rel] = number
             where = f"{rel} line {number}"
             start, offset = offset, offset + size
             if line is None:
@@ -137,9 +161,9 @@ def _jsonl_documents(path: Path, rel: str, source: TextCorpus, problems: Problem
                 yield document
 
 
-def _bounded_lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None, int]]:
-    """(line number from 1, the line's bytes or None when it is longer than ``limit``, its size)."""
-    number = 0
+def _bounded_lines(f: BinaryIO, limit: int, number: int = 0) -> Iterator[tuple[int, bytes | None, int]]:
+    """(line number from ``number`` + 1, the line's bytes or None when it is longer than ``limit``,
+    its size)."""
     while True:
         line = f.readline(limit + 1)
         if not line:
