@@ -5,7 +5,7 @@ A table's rows, in id order, are cut into parts of about ``samples_per_shard`` r
 process, one pod, and a failure would redo all of it. So the asset is a graph (``graph_asset``) of
 three ops, as an image folder's is (assets/image_shard_steps.py):
 
-- ``plan`` reads the raw copy's id column alone (Parquet column projection) and cuts the ids
+- ``plan`` reads the raw copy's id column alone (Parquet column projection, by byte range) and cuts the ids
   where ``build_shards_from_chunks`` cuts them (``plan_parts``: the same ``cut_points`` over the
   same sorted ids). A part the published version already holds is kept without a step when that
   is proven without reading its rows: the raw asset appended to the raw copy that version was
@@ -18,8 +18,9 @@ three ops, as an image folder's is (assets/image_shard_steps.py):
   column (the whole raw copy), as the single step did.
 - ``shard_parts``, mapped over the groups, a step each (a pod each with the Kubernetes
   executor), with the transient retry policy, so a failed group is retried alone. It reads only
-  the row groups of the raw copy that hold its parts' rows, in place when the store gives a file
-  (the local store), and keeps only those rows; it shards them with the builder of the single
+  the footer and the row groups of the raw copy that hold its parts' rows, by byte range from
+  any store (``store.open_object``; on lakeFS, HTTP Range requests), and keeps only those rows;
+  it logs the bytes it read of the raw copy's size; it shards them with the builder of the single
   step, cut at the planned parts, so each part's shards, record and key are the ones a whole
   build makes. A part whose rows prove to hash to a published part's key (an edit that changed
   nothing there) is kept then, its files not written. It stages its files on the run's branch,
@@ -43,7 +44,6 @@ import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import dagster as dg
 import numpy as np
@@ -72,7 +72,7 @@ from core.datasets import DATA_KEY
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
-from resources.store.base import MAIN, RefNotFoundError
+from resources.store.base import MAIN, RangedObject, RefNotFoundError
 from training_runtime.data.shard_format import NORMALISE_ON_READ
 
 SHARDS_CHECK = "shard_expectations"
@@ -174,43 +174,43 @@ def _builder(spec: PipelineSpec):
 # ---------------------------------------------------------------- reading the raw copy
 
 
-def raw_file(store, commit: str, path: str, tmp: Path) -> tuple[Path, str]:
-    """(a local path of the raw copy at ``commit``, how it was got). The local store's object is a
-    file read in place, so Parquet reads only the byte ranges of the columns and row groups asked
-    for; any other store's object is downloaded whole first (its client gives no ranged reads)."""
-    location = store.pinned_location(commit, path)
-    parsed = urlparse(location.uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path)), "read in place"
-    return store.download(commit, path, tmp / "raw.parquet"), "downloaded whole"
+def bytes_read(source: RangedObject) -> str:
+    """What a step read of the raw copy, for its log line."""
+    return (f"{source.bytes_fetched} of the raw copy's {source.size()} byte(s) read in {source.requests} "
+            "ranged request(s)")
 
 
-def raw_ids(spec: PipelineSpec, path: Path) -> np.ndarray:
+def raw_ids(spec: PipelineSpec, source) -> np.ndarray:
     """Every row's id, in the raw copy's order: the id column alone (column projection), or, for a
-    table without one, the hash of each row's content (``sharding.chunk_ids``), which needs every column."""
+    table without one, the hash of each row's content (``sharding.chunk_ids``), which needs every column.
+    ``source``: the raw copy, a path or a seekable file (``store.open_object``)."""
     import pyarrow.parquet as pq
 
     if spec.id_column:
-        return pq.read_table(path, columns=[spec.id_column]).column(0).to_numpy(zero_copy_only=False).astype(str)
+        # pre_buffer: each row group's id chunk in one read; only that column's bytes are fetched.
+        table = pq.ParquetFile(source, pre_buffer=True).read(columns=[spec.id_column])
+        return table.column(0).to_numpy(zero_copy_only=False).astype(str)
     parts = [chunk_ids(spec.task, f, t, i, id_column=None, feature_columns=spec.feature_columns,
                        target_names=spec.target_columns)
-             for f, t, i in ingest.iter_raw_arrays(spec, path, spec.chunk_rows)]
+             for f, t, i in ingest.iter_raw_arrays(spec, source, spec.chunk_rows)]
     return np.concatenate(parts) if parts else np.array([], dtype=str)
 
 
 class RawRows:
     """The raw copy's ``rows`` (sorted positions), iterated as ``iter_raw_arrays`` gives rows: only
     the row groups holding some of them are read (``groups`` of ``total``), one at a time, and only
-    those rows kept."""
+    those rows kept. ``source``: the raw copy, a path or a seekable file (``store.open_object``);
+    with ``pre_buffer`` each row group's column chunks come in one coalesced read, so a ranged
+    file makes a request or so per row group read, plus the footer."""
 
-    def __init__(self, spec: PipelineSpec, path: Path, rows: np.ndarray):
+    def __init__(self, spec: PipelineSpec, source, rows: np.ndarray):
         import pyarrow.parquet as pq
 
-        self.spec, self.path, self.rows = spec, path, rows
-        self.source = pq.ParquetFile(path, pre_buffer=False)
+        self.spec, self.rows = spec, rows
+        self.source = pq.ParquetFile(source, pre_buffer=True)
         self.stored = json.loads((self.source.schema_arrow.metadata or {}).get(ingest.FEATURE_COLUMNS_KEY, b"null"))
         if self.stored != list(spec.feature_columns):
-            raise ValueError(f"the raw copy {path.name} holds features {self.stored}, not the pipeline's "
+            raise ValueError(f"the raw copy {getattr(source, 'name', source)} holds features {self.stored}, not the pipeline's "
                              f"{list(spec.feature_columns)[:5]}...; re-materialise the raw dataset")
         meta = self.source.metadata
         self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
@@ -309,9 +309,9 @@ def build_table_shards_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], c
         s = store.get()
         previous_commit, previous = published_shards(s, prefix)
         salt = part_salt(raw.get("data_key"))
-        with tempfile.TemporaryDirectory(prefix="plan-") as tmp:
-            path, how = raw_file(s, raw["commit_id"], ingest.raw_path(name), Path(tmp))
-            ids = raw_ids(spec, path)
+        with s.open_object(raw["commit_id"], ingest.raw_path(name)) as source:
+            ids = raw_ids(spec, source)
+        how = bytes_read(source)
         old, why = old_rows(s, name, raw, previous)
         parts, order, stops = plan_parts(ids, target=samples_per_part(spec), previous=previous, salt=salt, old_rows=old)
         groups = step_groups(parts, {p["key"] for p in parts if p["kept"]}, per_step)
@@ -335,13 +335,14 @@ def build_table_shards_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], c
                     if group["previous_commit"] else None)
         with tempfile.TemporaryDirectory(prefix="shard-parts-") as tmp:
             out = Path(tmp) / "shards"
-            path, how = raw_file(s, group["raw_commit"], ingest.raw_path(name), Path(tmp))
-            try:
-                rows = RawRows(spec, path, group["rows"])
-                made = shard_rows(spec, rows, out, salt=group["salt"], previous=previous, spans=group["spans"])
-            except ValueError as exc:
-                raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
-                                 allow_retries=False) from exc
+            with s.open_object(group["raw_commit"], ingest.raw_path(name)) as source:
+                try:
+                    rows = RawRows(spec, source, group["rows"])
+                    made = shard_rows(spec, rows, out, salt=group["salt"], previous=previous, spans=group["spans"])
+                except ValueError as exc:
+                    raise dg.Failure(description=f"pipeline {name!r}: cannot shard the raw data: {exc}",
+                                     allow_retries=False) from exc
+            how = bytes_read(source)
             written = [e for info in made["splits"].values() for e in info["shards"] if not e.get(CARRIED)]
             for entry in written:  # staged, not committed: publish commits the version
                 s.put_file(branch, prefix + entry["path"], out / entry["path"])
