@@ -295,6 +295,14 @@ def test_a_version_with_appended_documents_commits_only_the_new_parts_shards(pla
     assert f"the shard checks read {read} shard file(s) and judged {len(_entries(after)) - read} kept" in logs[0]
     raw = pq.read_table(store.download(tags[2], "datasets/toy/raw/documents.parquet", platform.root / "raw.parquet"))
     assert sum(p["documents"] for p in after["parts"]) == raw.num_rows == 406
+    # v2 read the 6 appended lines alone (assets/kinds/text_append.py), and its raw copy is a whole read's
+    ingests = [[e.message for e in platform.instance.all_logs(run.run_id) if "toy: " in (e.message or "")
+                and "document" in e.message and " read" in e.message] for run in (first, second)]
+    assert any("every document read (400): no published version to build on" in m for m in ingests[0]), ingests[0]
+    assert any("only the new documents read: 6 new document(s) of toy/lines.jsonl (bytes" in m
+               for m in ingests[1]), ingests[1]
+    whole = TEXT.ingest(spec, [folder / "lines.jsonl"], platform.sources, platform.root / "whole.parquet")
+    assert (platform.root / "raw.parquet").read_bytes() == whole.path.read_bytes()
 
 
 def test_a_new_version_of_a_bpe_corpus_keeps_the_published_tokenizer_and_its_parts(platform):
