@@ -32,6 +32,13 @@ TEXT_RAW_NAME = "documents.parquet"  # assets/kinds/text.py RAW_NAME, without im
 def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, dg.AssetKey], *,
                             source_commit_tag: str, checked) -> list[dg.AssetsDefinition]:
     """``checked`` is assets.pipeline's helpers: (commit_checked, gate, replace_prefix, publish, check_owner, link)."""
+    if getattr(kind, "in_parts", False):  # an image folder: its raw copy and its shards made over steps
+        from assets.image_ingest_steps import build_image_raw_asset
+        from assets.image_shard_steps import build_image_shards_asset
+
+        return [build_image_raw_asset(spec, kind, keys, source_commit_tag=source_commit_tag, checked=checked,
+                                      source_files=source_files),
+                build_image_shards_asset(spec, kind, keys, checked)]
     commit_checked, gate, _replace_prefix, _publish, check_owner, link = checked
     name = spec.name
     prefix = ingest.dataset_prefix(name)
@@ -58,27 +65,16 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
                 return
             context.log.info(not_reused_line(name, reuse, key))
             previous = None
-            if getattr(kind, "in_parts", False):  # an image folder: what changed is made, the rest kept
-                from assets.kinds.image_store import parts_line, previous_parts, put_raw
-
-                previous = previous_parts(s, reuse.newest_commit, prefix + "raw/", Path(tmp))
-                raw = kind.ingest(spec, files, root, Path(tmp) / "raw", salt=key["parameters"] + key["code"],
-                                  hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
-                                  previous=previous)
-            else:  # a text corpus: by its new documents alone when it is the published one grown
-                raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name, key=key,
-                                  hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
-                                  published=published_corpus(s, name, reuse.newest_commit))
-                context.log.info(f"{name}: {raw.how}")
+            # a text corpus: by its new documents alone when it is the published one grown
+            raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name, key=key,
+                              hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
+                              published=published_corpus(s, name, reuse.newest_commit))
+            context.log.info(f"{name}: {raw.how}")
             branch = ensure_run_branch(s, context.run_id)
             if raw.report.passed:  # otherwise only the evidence stays on the run branch
-                if raw.parts is not None:
-                    moved = put_raw(s, branch, prefix + "raw/", raw.path, reuse.newest_commit if previous else None)
-                    context.log.info(parts_line(name, raw.parts, reuse.newest if previous else None, moved))
-                else:
-                    s.put_file(branch, raw_store_path, raw.path)
-                    s.put_object(branch, ingest.ingest_record_path(name), json.dumps(
-                        raw.record or {"not_appendable": "no ingest record"}, indent=1, sort_keys=True).encode())
+                s.put_file(branch, raw_store_path, raw.path)
+                s.put_object(branch, ingest.ingest_record_path(name), json.dumps(
+                    raw.record or {"not_appendable": "no ingest record"}, indent=1, sort_keys=True).encode())
             s.put_object(branch, prefix + "raw/sources.json", json.dumps(raw.sources, indent=2, sort_keys=True).encode())
         commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
                                    f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
@@ -91,10 +87,6 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
             **({"source_commit": source_commit} if source_commit else {})})
         yield from gate(context, raw.report, keys["raw_dataset"], "raw_expectations", commit_id, branch)
 
-    if getattr(kind, "in_parts", False):  # its parts sharded over steps (assets/image_shard_steps.py)
-        from assets.image_shard_steps import build_image_shards_asset
-
-        return [raw_dataset, build_image_shards_asset(spec, kind, keys, checked)]
     # a text corpus: its new parts tokenized over steps (assets/text_shard_steps.py)
     from assets.text_shard_steps import build_text_shards_asset
 

@@ -11,8 +11,9 @@ read again: their checked rows come from that version.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,16 +115,39 @@ class PreviousParts:
     rows: Callable[[dict], Path]
 
 
-def ingest_images(spec: PipelineSpec, files: list[Path], root: Path, out: Path, workers: int | None = None, *,
-                  salt: str = "", hashes: Mapping[str, str] | None = None,
-                  previous: PreviousParts | None = None) -> RawData:
-    """The raw copy under the directory ``out``: ``parts.json`` (the index of every part) and, for
-    each new part, ``images/<name>.parquet`` and ``image-rows/<name>.parquet``.
+@dataclass(frozen=True)
+class NewPart:
+    """A part no kept part holds, to be read and checked: its record in the index (less the rows
+    accepted, known once checked) and its ``entries`` in id order (empty once planned: the plan
+    that the publish step reads does not carry the file list twice)."""
 
-    ``hashes`` are the files' sha256 by their path under ``root`` (the data key has read them;
-    what is missing is read here). A part of ``previous`` whose images are all still there,
-    unchanged, is kept and its images are neither read nor decoded: its rows table goes through
-    the suite, so the report is the one a full ingest gives. The other images make new parts."""
+    record: dict
+    entries: tuple[Entry, ...] = ()
+
+
+@dataclass(frozen=True)
+class IngestPlan:
+    """Everything decided before an image is decoded: what the listing found wrong (``problems``,
+    ``count``), each file's description (``sources``), the previous version's parts kept (their
+    records, in its index's order) and the new parts, in id order."""
+
+    problems: list[str]
+    count: int
+    sources: dict[str, dict]
+    kept: list[dict]
+    new: list[NewPart]
+    salt: str
+    target: int
+
+    def without_entries(self) -> "IngestPlan":
+        return dataclasses.replace(self, new=[NewPart(p.record) for p in self.new])
+
+
+def plan_ingest(spec: PipelineSpec, files: list[Path], root: Path, *, salt: str = "",
+                hashes: Mapping[str, str] | None = None, previous: PreviousParts | None = None) -> IngestPlan:
+    """List and label the files, hash them (``hashes``: the sha256 the data key has read, by path
+    under ``root``), keep the parts of ``previous`` whose images are all still there, unchanged, and
+    cut the other images into new parts. Nothing is decoded here."""
     src: ImageFolder = spec.source
     problems = Problems(src.root)
     sources: dict[str, dict] = {}
@@ -131,68 +155,154 @@ def ingest_images(spec: PipelineSpec, files: list[Path], root: Path, out: Path, 
     digests = [(hashes or {}).get(e.source_key) or file_sha256(e.path) for e in entries]
     members = [(e.id, e.label, d) for e, d in zip(entries, digests)]
     current = {m[0]: m for m in members}
-    suite = ChunkedRawSuite(f"{spec.name}/raw_dataset", image_suite(spec), (), "label")
-    out.mkdir(parents=True, exist_ok=True)
-    records: list[dict] = []
+    kept: list[dict] = []
     claimed: set[str] = set()
     for record in (previous.parts.values() if previous else ()):  # one rows table at a time
         table = previous.rows(record)
-        frame = pd.read_parquet(table, columns=[*_SUITE_COLUMNS, "sha256"])
+        frame = pd.read_parquet(table, columns=["id", "label", "sha256"])
         table.unlink()
-        held = list(zip(frame["id"], frame["label"], frame["sha256"]))
-        if not intact(record["key"], held, current, salt):
-            continue
-        suite.add(frame[list(_SUITE_COLUMNS)])
-        claimed.update(frame["id"])
-        records.append({**record, "reused": True})
+        if intact(record["key"], list(zip(frame["id"], frame["label"], frame["sha256"])), current, salt):
+            claimed.update(frame["id"])
+            kept.append({**record, "reused": True})
     by_id = {e.id: (e, d) for e, d in zip(entries, digests)}
     for image_id in claimed:
         entry, digest = by_id[image_id]
         sources[entry.source_key]["sha256"] = digest
     entries = [e for e in entries if e.id not in claimed]  # what no kept part holds: read and checked now
-    parts = split_into_parts([current[e.id] for e in entries], src.files_per_part, salt)
-    new = list(range(len(parts)))
+    new = [NewPart({"key": part.key, "name": part.name, "images": part.stop - part.start,
+                    "first_id": entries[part.start].id, "last_id": entries[part.stop - 1].id,
+                    "raw": raw_part_path(part.name), "rows_table": rows_part_path(part.name), "reused": False},
+                   tuple(entries[part.start:part.stop]))
+           for part in split_into_parts([current[e.id] for e in entries], src.files_per_part, salt)]
+    messages, count = problems.found()
+    return IngestPlan(messages, count, sources, kept, new, salt, src.files_per_part)
+
+
+def ingest_parts(spec: PipelineSpec, parts: Sequence[NewPart], out: Path, workers: int | None = None) -> dict:
+    """Decode and check every image of ``parts`` on the worker pool and write each part's raw copy
+    and rows table under ``out`` (a part with no accepted image has neither). Returns what the
+    publish step needs of them: per part (by key) the images ``accepted`` and the ``rejected`` ones'
+    rows for the suite (decoded, but of a wrong size, mode or label), whether any image was
+    ``decoded``; the problems found (``problems``, ``count``) and the files' ``sha256`` by source key."""
+    src: ImageFolder = spec.source
+    problems = Problems(src.root)
+    sources: dict[str, dict] = {e.source_key: {} for p in parts for e in p.entries}
+    entries = [e for p in parts for e in p.entries]
+    bounds, start = [], 0
+    for part in parts:
+        bounds.append((start, start + len(part.entries)))
+        start += len(part.entries)
+    found = {p.record["key"]: {"accepted": 0, "rejected": [], "decoded": False} for p in parts}
     writers: dict[int, tuple[RawImageWriter, RawImageWriter]] = {}
-    accepted = {i: 0 for i in new}
     try:
         with WorkerPool(workers_for(len(entries), workers)) as pool:
-            chunks = [(i, entries[s:min(s + src.files_per_chunk, parts[i].stop)]) for i in new
-                      for s in range(parts[i].start, parts[i].stop, src.files_per_chunk)]
+            chunks = [(i, entries[s:min(s + src.files_per_chunk, stop)]) for i, (first, stop) in enumerate(bounds)
+                      for s in range(first, stop, src.files_per_chunk)]
             for chunk in _inspected_chunks(pool, chunks, problems):
                 if not chunk.rows:
                     continue
+                result = found[parts[chunk.part].record["key"]]
                 frame, keep = _check_chunk(src, chunk, problems, sources)
-                suite.add(frame)
+                kept_ids = {e.id for e, _, _ in keep}
+                result["rejected"] += [r for r in frame.to_dict("records") if r["id"] not in kept_ids]
+                result["decoded"] = True
                 if keep:
                     if chunk.part not in writers:
-                        name = parts[chunk.part].name
+                        name = parts[chunk.part].record["name"]
                         writers[chunk.part] = (RawImageWriter(out / raw_part_path(name)),
                                                RawImageWriter(out / rows_part_path(name), with_bytes=False))
                     for writer in writers[chunk.part]:
                         writer.append(keep)
-                accepted[chunk.part] += len(keep)
+                result["accepted"] += len(keep)
     finally:
         for pair in writers.values():
             for writer in pair:
                 writer.close()
-    for i in new:
-        part = parts[i]
-        records.append({"key": part.key, "name": part.name, "rows": accepted[i], "images": part.stop - part.start,
-                        "first_id": entries[part.start].id, "last_id": entries[part.stop - 1].id,
-                        "raw": raw_part_path(part.name), "rows_table": rows_part_path(part.name), "reused": False})
+    messages, count = problems.found()
+    return {"parts": found, "problems": messages, "count": count,
+            "sha256": {k: v["sha256"] for k, v in sources.items() if "sha256" in v}}
+
+
+def finish_ingest(spec: PipelineSpec, plan: IngestPlan, made: Sequence[dict], out: Path,
+                  rows_table: Callable[[dict], Path | None]) -> RawData:
+    """``parts.json`` under ``out`` and the report, from the ``plan`` and what ``ingest_parts`` gave
+    for its new parts (``made``, in any grouping and order). The suite judges every row of the
+    version: the kept parts' rows tables, then the new parts', each with its rejected rows put back
+    in id order, as one pass over the folder would feed it. ``rows_table(record)``: a part's rows
+    table here (None: a new part that accepted no image)."""
+    src: ImageFolder = spec.source
+    by_key = {key: found for group in made for key, found in group["parts"].items()}
+    missing = [p.record["name"] for p in plan.new if p.record["key"] not in by_key]
+    if missing:
+        raise RuntimeError(f"part(s) {', '.join(missing[:5])} were ingested by no step; re-execute the whole run")
+    suite = ChunkedRawSuite(f"{spec.name}/raw_dataset", image_suite(spec), (), "label")
+    for record in plan.kept:
+        suite.add(pd.read_parquet(rows_table(record), columns=list(_SUITE_COLUMNS)))
+    for part in plan.new:
+        found = by_key[part.record["key"]]
+        if found["decoded"]:
+            suite.add(_suite_frame(rows_table(part.record), found["rejected"]))
+    problems = Problems(src.root)
+    problems.extend(plan.problems, plan.count)
+    sources = {k: dict(v) for k, v in plan.sources.items()}
+    for group in made:
+        problems.extend(group["problems"], group["count"])
+        for key, digest in group["sha256"].items():
+            sources[key]["sha256"] = digest
+    records = plan.kept + [{**p.record, "rows": by_key[p.record["key"]]["accepted"]} for p in plan.new]
     records.sort(key=lambda r: r["first_id"])
     report = suite.finish()
     report.outcomes.append(_class_shares(suite))
     failures = problems.messages()
-    if not entries and not claimed and not failures:
+    if not plan.new and not plan.kept and not failures:
         failures.append(f"{src.root}: no images found in the image folder")
     report = QualityReport(report.asset, report.outcomes, failures)
-    made = index([{k: v for k, v in r.items() if k != "reused"} for r in records], salt, src.files_per_part)
-    (out / INDEX_NAME).write_text(json.dumps(made, indent=2, sort_keys=True))
+    out.mkdir(parents=True, exist_ok=True)
+    made_index = index([{k: v for k, v in r.items() if k != "reused"} for r in records], plan.salt, plan.target)
+    (out / INDEX_NAME).write_text(json.dumps(made_index, indent=2, sort_keys=True))
     return RawData(path=out, rows=sum(r["rows"] for r in records), report=report,
                    sources=[sources[k] for k in sorted(sources)],
-                   parts={"reused": sum(1 for r in records if r["reused"]), "new": len(new),
-                          "reused_rows": sum(r["rows"] for r in records if r["reused"])})
+                   parts={"reused": len(plan.kept), "new": len(plan.new),
+                          "reused_rows": sum(r["rows"] for r in plan.kept)})
+
+
+def ingest_images(spec: PipelineSpec, files: list[Path], root: Path, out: Path, workers: int | None = None, *,
+                  salt: str = "", hashes: Mapping[str, str] | None = None,
+                  previous: PreviousParts | None = None) -> RawData:
+    """The raw copy under the directory ``out``: ``parts.json`` (the index of every part) and, for
+    each new part, ``images/<name>.parquet`` and ``image-rows/<name>.parquet``; in one process
+    (assets/image_ingest_steps.py spreads the same three stages over Dagster steps).
+
+    ``hashes`` are the files' sha256 by their path under ``root`` (the data key has read them;
+    what is missing is read here). A part of ``previous`` whose images are all still there,
+    unchanged, is kept and its images are neither read nor decoded: its rows table goes through
+    the suite, so the report is the one a full ingest gives. The other images make new parts."""
+    plan = plan_ingest(spec, files, root, salt=salt, hashes=hashes, previous=previous)
+    made = ingest_parts(spec, plan.new, out, workers)
+    fetched: list[Path] = []
+
+    def rows_table(record: dict) -> Path | None:
+        if record["reused"]:  # the previous version's, brought here for the suite and dropped after
+            fetched.append(previous.rows(record))
+            return fetched[-1]
+        local = out / record["rows_table"]
+        return local if local.is_file() else None
+
+    try:
+        return finish_ingest(spec, plan, [made], out, rows_table)
+    finally:
+        for path in fetched:
+            path.unlink(missing_ok=True)
+
+
+def _suite_frame(rows_table: Path | None, rejected: list[dict]) -> pd.DataFrame:
+    """A new part's rows as the suite saw them while checking: its accepted rows and its rejected
+    ones, in id order, with the dtypes a checked chunk has (Python ints: int64)."""
+    accepted = (pd.read_parquet(rows_table, columns=list(_SUITE_COLUMNS)) if rows_table is not None
+                else pd.DataFrame(columns=list(_SUITE_COLUMNS)))
+    frame = pd.concat([accepted, pd.DataFrame(rejected, columns=list(_SUITE_COLUMNS))], ignore_index=True)
+    frame = frame.sort_values("id", kind="stable").reset_index(drop=True)
+    return frame.astype({"width": "int64", "height": "int64"})
 
 
 def _inspected_chunks(pool: WorkerPool, chunks: list[tuple[int, list[Entry]]], problems: Problems) -> Iterator[_Chunk]:

@@ -33,6 +33,17 @@ class Problems:
         if len(self._messages) < self.limit:
             self._messages.append(message)
 
+    def extend(self, messages: list[str], count: int) -> None:
+        """Take another checker's findings (an ingest step's: ``messages``, its first ones in the
+        order found, of ``count`` in all) after this one's, as if found here."""
+        for message in messages:
+            self.add(message)
+        self.count += count - len(messages)
+
+    def found(self) -> tuple[list[str], int]:
+        """(the messages kept, in the order found; how many problems in all): what ``extend`` takes."""
+        return list(self._messages), self.count
+
     def messages(self) -> list[str]:
         more = self.count - len(self._messages)
         return self._messages + ([f"... and {more} more problem(s) of the same kinds"] if more else [])

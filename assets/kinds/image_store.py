@@ -36,15 +36,26 @@ def previous_parts(store, commit: str | None, raw_prefix: str, tmp: Path) -> Pre
     return PreviousParts(parts={p["key"]: p for p in found["parts"]}, rows=rows)
 
 
-def put_raw(store, branch: str, raw_prefix: str, out: Path, previous_commit: str | None) -> dict:
+def put_raw(store, branch: str, raw_prefix: str, out: Path, previous_commit: str | None,
+            staged: dict[str, str] | None = None) -> dict:
     """Make ``raw_prefix`` on the branch hold exactly the parts the index under ``out`` lists: the
-    new ones uploaded, the kept ones left (or copied from ``previous_commit``), the others removed.
-    Returns counts for the log."""
+    new ones uploaded (or, ``staged``, path -> branch, put on a branch by an ingest step: left
+    there, or copied from an earlier attempt's branch), the kept ones left (or copied from
+    ``previous_commit``), the others removed. Returns counts for the log."""
     parts = read_index((out / INDEX_NAME).read_bytes())["parts"]
     wanted = {raw_prefix + p[k] for p in parts for k in ("raw", "rows_table")}
     # the raw copy of a version made before parts (one images.parquet) goes too
     return _sync(store, branch, raw_prefix, out, wanted, previous_commit, (RAW_DIR + "/", ROWS_DIR + "/", OLD_RAW),
-                 index=(raw_prefix + INDEX_NAME, (out / INDEX_NAME).read_bytes()))
+                 index=(raw_prefix + INDEX_NAME, (out / INDEX_NAME).read_bytes()), staged=staged)
+
+
+def unstage(store, branch: str, staged: dict[str, str]) -> int:
+    """Take off ``branch`` the files ingest steps staged on it (a failed report commits only its
+    evidence, as a run in one step does). Returns how many."""
+    mine = [path for path, where in sorted(staged.items()) if where == branch and store.exists(branch, path)]
+    for path in mine:
+        store.delete_object(branch, path)
+    return len(mine)
 
 
 def fetch_raw(store, commit: str, raw_prefix: str, dest: Path, previous_manifest: dict | None) -> Path:
