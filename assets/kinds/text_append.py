@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 
@@ -92,7 +92,7 @@ def ingest_corpus(spec: PipelineSpec, files: list[Path], root: Path, out: Path, 
                 return ingest_new(spec, root, out, planned, published)
             except NotAppended as exc:
                 why = str(exc)
-    return ingest_whole(spec, files, root, out, key=key, why=why)
+    return ingest_whole(spec, files, root, out, key=key, hashes=hashes, why=why)
 
 
 def plan(spec: PipelineSpec, files: list[Path], root: Path, key: dict | None, hashes: dict[str, str] | None,
@@ -215,7 +215,7 @@ def ingest_new(spec: PipelineSpec, root: Path, out: Path, plan: Plan, published:
         return done
     key = {"parameters": rec["parameters"], "code": rec["code"]}
     record = corpus_record(key, sources, lines, plan.files, root, _whole(written, rec, tail), out)
-    return TextRawData(path=out, rows=rows, report=report, sources=sources, how=done.how, record=record)
+    return replace(done, record=record)
 
 
 def _whole(written: Written, rec: dict, tail: int) -> Written:

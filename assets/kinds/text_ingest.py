@@ -67,10 +67,11 @@ def write_documents(spec: PipelineSpec, documents: Iterable[Document], writer: "
     return Written(rows, parsed, tail, before_tail if before_tail is not None else expectations.state())
 
 
-def ingest_whole(spec: PipelineSpec, files: list[Path], root: Path, out: Path, *,
-                 key: dict | None = None, why: str = "no published version to build on") -> TextRawData:
+def ingest_whole(spec: PipelineSpec, files: list[Path], root: Path, out: Path, *, key: dict | None = None,
+                 hashes: dict[str, str] | None = None, why: str = "no published version to build on") -> TextRawData:
     """Every document of ``files`` read, checked and written to ``out``; the record a later
-    version builds on when the report passed (``why``: why every document was read, for the log)."""
+    version builds on when the report passed (``why``: why every document was read, for the log;
+    ``hashes``: the files' sha256 by relative name where the caller has them already)."""
     problems = Problems()
     expectations = DocumentExpectations(spec)
     per_file: dict[str, int] = {}
@@ -81,7 +82,7 @@ def ingest_whole(spec: PipelineSpec, files: list[Path], root: Path, out: Path, *
     if expectations.documents == 0:
         problems.add(f"the corpus holds no documents ({len(files)} file(s) read: {_first_names(files, root)})")
     report = report_of(spec, expectations, problems, len(files))
-    sources = describe(files, root, per_file)
+    sources = describe(files, root, per_file, hashes)
     record = None
     if report.passed:
         record = corpus_record(key, sources, lines, files, root, written, out)
@@ -148,8 +149,10 @@ def _first_names(files: list[Path], root: Path) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
-def describe(files: list[Path], root: Path, per_file: dict[str, int]) -> list[dict]:
-    """What raw_dataset records about each file read (a symbolic link as the link, not followed)."""
+def describe(files: list[Path], root: Path, per_file: dict[str, int], hashes: dict[str, str] | None = None
+             ) -> list[dict]:
+    """What raw_dataset records about each file read (a symbolic link as the link, not followed);
+    a file's sha256 from ``hashes`` when there (the data key's, computed from the same bytes)."""
     out = []
     for f in sorted(files, key=lambda p: relative_name(p, root)):
         rel = relative_name(f, root)
@@ -157,7 +160,7 @@ def describe(files: list[Path], root: Path, per_file: dict[str, int]) -> list[di
         if f.is_symlink():
             entry["link"] = str(f.readlink())
         elif f.is_file():
-            entry["sha256"] = file_sha256(f)
+            entry["sha256"] = (hashes or {}).get(rel) or file_sha256(f)
         out.append(entry)
     return out
 
