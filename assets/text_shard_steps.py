@@ -6,15 +6,19 @@ left, the new parts, is what costs: tokenizing a billion documents in one step w
 for the whole corpus, and one failure would redo all of it. So the asset is a graph (Dagster's
 ``graph_asset``) of three ops, as an image folder's is (assets/image_shard_steps.py):
 
-- ``plan`` reads the raw copy's ids and text hashes and settles the tokenizer: the byte one, the
+- ``plan`` reads the raw copy's ids and text hashes (every document, so it downloads the copy
+  whole: training a BPE tokenizer reads the training split's texts a second time, from local
+  disk rather than the store) and settles the tokenizer: the byte one, the
   published BPE ``tokenizer.json`` while ``tokenizer``, ``vocab_size`` and ``function`` are
   unchanged, or a BPE one trained here, once, on the whole training split, and staged on the run's
   branch so every group encodes with the same file. It then cuts the parts (their keys hold the
   tokenizer's sha256) and hands the new ones, ``source.parts_per_step`` to a group, to one dynamic
   output each (``DynamicOut``); a second output carries the plan to ``publish``.
 - ``shard_parts``, mapped over the groups: a step each (a pod each with the Kubernetes executor),
-  with the transient retry policy, so a failed group is retried alone. It reads only the raw
-  copy's row groups that hold its parts' documents, tokenizes and shards them exactly as a
+  with the transient retry policy, so a failed group is retried alone. It reads only the footer
+  and the raw copy's row groups that hold its parts' documents, by byte range from any store
+  (``store.open_object``; on lakeFS, HTTP Range requests), and logs how many bytes of the raw
+  copy that was; it tokenizes and shards them exactly as a
   single-step build does (``TextSharder.write_parts``), reads its files back
   (text_shard_checks.py ``check_part_files``) and stages them on the run's branch, uncommitted.
 - ``publish`` (after ``collect``) assembles the manifest from the plan, the groups' records and
@@ -135,15 +139,16 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
         with tempfile.TemporaryDirectory(prefix="text-parts-") as tmp:
             tmp = Path(tmp)
             out = tmp / "shards"
-            raw_file = s.download(group["raw_commit"], group["raw_path"], tmp / RAW_NAME)
             where = group["tokenizer"]
             file = s.download(where["ref"], where["path"], tmp / TOKENIZER_FILE) if where else None
-            sharder = TextSharder(spec, raw_file, out)
-            try:
-                made = sharder.write_parts([part_from_dict(p) for p in group["parts"]], set(),
-                                           tokenizer_of(group["tokenizer_info"], file))
-            except ValueError as exc:
-                raise cannot_shard(exc) from exc
+            # Ranged reads: the footer, then only the row groups holding the group's documents.
+            with s.open_object(group["raw_commit"], group["raw_path"]) as source:
+                sharder = TextSharder(spec, source, out)
+                try:
+                    made = sharder.write_parts([part_from_dict(p) for p in group["parts"]], set(),
+                                               tokenizer_of(group["tokenizer_info"], file))
+                except ValueError as exc:
+                    raise cannot_shard(exc) from exc
             records, entries = zip(*(made[p["key"]] for p in group["parts"]))
             failures = check_part_files(sharder.header(group["tokenizer_info"]), list(entries), out)
             paths = [e["path"] for es in entries for split in es.values() for e in split]
@@ -151,8 +156,9 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
                 s.put_file(branch, shard_prefix + path, out / path)
         names = ", ".join(p["name"] for p in group["parts"][:3]) + (" ..." if len(group["parts"]) > 3 else "")
         context.log.info(f"{name}: {len(group['parts'])} part(s) tokenized ({names}), "
-                         f"{sum(r['documents'] for r in records)} document(s): {len(paths)} shard file(s) staged on "
-                         f"{branch}" + (f"; {len(failures)} file problem(s)" if failures else ""))
+                         f"{sum(r['documents'] for r in records)} document(s) ({source.bytes_fetched} of the raw "
+                         f"copy's {source.size()} byte(s) read in {source.requests} ranged request(s)): {len(paths)} "
+                         f"shard file(s) staged on {branch}" + (f"; {len(failures)} file problem(s)" if failures else ""))
         return {"branch": branch, "failures": failures, "records": list(records), "entries": list(entries)}
 
     @dg.op(name=f"{ident}_publish", retry_policy=TRANSIENT_RETRY,
