@@ -245,7 +245,9 @@ def finish_ingest(spec: PipelineSpec, plan: IngestPlan, made: Sequence[dict], ou
     problems = Problems(src.root)
     problems.extend(plan.problems, plan.count)
     sources = {k: dict(v) for k, v in plan.sources.items()}
-    for group in made:
+    place = {p.record["key"]: i for i, p in enumerate(plan.new)}
+    # the groups' problems in the order one pass finds them: by their parts' place in the folder
+    for group in sorted(made, key=lambda g: min((place[k] for k in g["parts"]), default=-1)):
         problems.extend(group["problems"], group["count"])
         for key, digest in group["sha256"].items():
             sources[key]["sha256"] = digest
