@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import dagster as dg
@@ -215,6 +216,11 @@ def test_a_corpus_in_parts_is_tokenized_in_several_steps_and_published_in_one_co
     logs = [e.user_message for e in platform.instance.all_logs(result.run_id)]
     assert any(f"{len(manifest['parts'])} of {len(manifest['parts'])} part(s) to tokenize, in {len(steps)} step(s)"
                in m for m in logs), logs
+    # each step read its documents' row groups by byte range and says how much of the raw copy that was
+    size = store.stat_object("main", "datasets/toy/raw/documents.parquet").size_bytes
+    read = [re.search(r"\((\d+) of the raw copy's (\d+) byte\(s\) read in \d+ ranged request", m) for m in logs
+            if "part(s) tokenized" in m]
+    assert len(read) == len(steps) and all(r and 0 < int(r.group(1)) <= int(r.group(2)) == size for r in read), logs
 
 
 # A job dagster can rebuild by reference: a re-execution from failure needs one, and the outputs
