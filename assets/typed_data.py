@@ -26,8 +26,6 @@ from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
 from resources.store.base import MAIN
 
-TEXT_RAW_NAME = "documents.parquet"  # assets/kinds/text.py RAW_NAME, without importing the kind here
-
 
 def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, dg.AssetKey], *,
                             source_commit_tag: str, checked) -> list[dg.AssetsDefinition]:
@@ -68,7 +66,7 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
             # a text corpus: by its new documents alone when it is the published one grown
             raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name, key=key,
                               hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
-                              published=published_corpus(s, name, reuse.newest_commit))
+                              published=published_corpus(s, name, reuse.newest_commit, raw_store_path))
             context.log.info(f"{name}: {raw.how}")
             branch = ensure_run_branch(s, context.run_id)
             if raw.report.passed:  # otherwise only the evidence stays on the run branch
@@ -93,7 +91,7 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
     return [raw_dataset, build_text_shards_asset(spec, kind, keys, checked)]
 
 
-def published_corpus(store, name: str, commit: str | None):
+def published_corpus(store, name: str, commit: str | None, raw_path: str):
     """The ingest record of the text corpus's newest version, which a grown corpus builds on
     (assets/kinds/text_append.py); None without a version whose parameters and code are the run's
     (``Reuse.newest_commit``) or whose ingest left a record."""
@@ -106,8 +104,7 @@ def published_corpus(store, name: str, commit: str | None):
         record = json.loads(store.get_object(commit, ingest.ingest_record_path(name)))
     except RefNotFoundError:
         return None
-    raw = ingest.dataset_prefix(name) + "raw/" + TEXT_RAW_NAME
-    return PublishedCorpus(record=record, fetch=lambda dest: store.download(commit, raw, dest))
+    return PublishedCorpus(record=record, fetch=lambda dest: store.download(commit, raw_path, dest))
 
 
 def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,

@@ -82,7 +82,7 @@ def ingest_corpus(spec: PipelineSpec, files: list[Path], root: Path, out: Path, 
                   hashes: dict[str, str] | None = None, published: PublishedCorpus | None = None) -> TextRawData:
     """The raw copy of the corpus: by its new documents alone where the proof holds (the module's
     docstring), else every document read; ``how`` says which and, for a whole read, why."""
-    why = "no published version to build on" if published is None else None
+    why = "no published version with this run's parameters and code to build on" if published is None else None
     if published is not None:
         planned = plan(spec, files, root, key, hashes, published.record)
         if isinstance(planned, str):

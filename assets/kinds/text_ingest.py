@@ -67,8 +67,8 @@ def write_documents(spec: PipelineSpec, documents: Iterable[Document], writer: "
     return Written(rows, parsed, tail, before_tail if before_tail is not None else expectations.state())
 
 
-def ingest_whole(spec: PipelineSpec, files: list[Path], root: Path, out: Path, *, key: dict | None = None,
-                 hashes: dict[str, str] | None = None, why: str = "no published version to build on") -> TextRawData:
+def ingest_whole(spec: PipelineSpec, files: list[Path], root: Path, out: Path, *, key: dict | None,
+                 hashes: dict[str, str] | None, why: str) -> TextRawData:
     """Every document of ``files`` read, checked and written to ``out``; the record a later
     version builds on when the report passed (``why``: why every document was read, for the log;
     ``hashes``: the files' sha256 by relative name where the caller has them already)."""

@@ -298,7 +298,8 @@ def test_a_version_with_appended_documents_commits_only_the_new_parts_shards(pla
     # v2 read the 6 appended lines alone (assets/kinds/text_append.py), and its raw copy is a whole read's
     ingests = [[e.message for e in platform.instance.all_logs(run.run_id) if "toy: " in (e.message or "")
                 and "document" in e.message and " read" in e.message] for run in (first, second)]
-    assert any("every document read (400): no published version to build on" in m for m in ingests[0]), ingests[0]
+    assert any("every document read (400): no published version with this run's parameters and code to build on"
+               in m for m in ingests[0]), ingests[0]
     assert any("only the new documents read: 6 new document(s) of toy/lines.jsonl (bytes" in m
                for m in ingests[1]), ingests[1]
     whole = TEXT.ingest(spec, [folder / "lines.jsonl"], platform.sources, platform.root / "whole.parquet")
