@@ -7,7 +7,9 @@ Semantics every implementation must keep (the behaviour suite in tests/store che
   committed; another branch never sees them;
 - ``merge`` is atomic: the destination either moves to the merge commit or is untouched;
   a merge whose two sides changed the same path differently raises ``MergeConflictError``;
-- tags are immutable pointers to commits.
+- tags are immutable pointers to commits;
+- ``read_range`` reads bytes as a file's pread does (clipped at the end, empty past it), so a
+  reader such as pyarrow fetches only the byte ranges it seeks to (``open_object``).
 """
 
 from __future__ import annotations
@@ -221,6 +223,8 @@ class RangedObject(io.RawIOBase):
         return self._pos
 
     def read(self, size: int = -1) -> bytes:
+        if self.closed:
+            raise ValueError(f"read of {self.path} after it was closed")
         start = self._pos
         end = self._size if size is None or size < 0 else min(self._size, start + size)
         data = self.pread(start, end - start) if end > start else b""

@@ -112,3 +112,19 @@ def test_lakefs_retries_a_failed_range_and_serves_only_the_range(lakefs_store, l
     assert lakefs_store.read_range(commit, "data.bin", 100, 50) == DATA[100:150]
     assert lakefs_server.proxy.faults_served == ["503", "503"]
     assert lakefs_server.served("data.bin") - before == 50
+
+
+def test_an_object_that_changes_under_an_open_file_fails_naming_the_fix(store: VersionedStore, commit: str):
+    store.create_branch("moving", MAIN)
+    f = store.open_object("moving", "data.bin")
+    store.put_object("moving", "data.bin", b"short")
+    f.seek(100)
+    with pytest.raises(StoreError, match="changed while read: read it at a commit id"):
+        f.read(50)
+
+
+def test_a_closed_object_is_not_read(store: VersionedStore, commit: str):
+    with store.open_object(commit, "data.bin") as f:
+        assert f.read(3) == DATA[:3]
+    with pytest.raises(ValueError, match="after it was closed"):
+        f.read(3)
