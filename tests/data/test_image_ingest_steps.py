@@ -267,3 +267,39 @@ def test_a_re_execution_from_failure_ingests_only_the_failed_group_and_publishes
     assert all(store.get_object("main", RAW + p.relative_to(one.path).as_posix()) == p.read_bytes()
                for p in one.path.rglob("*.parquet"))
     assert store.get_object(raw_commit, "datasets/shapes/validation/raw_dataset.json") == one.report.to_json()
+
+
+def test_a_folder_in_the_stores_sources_area_is_fetched_by_each_step_and_makes_the_same_raw_copy(
+        platform, monkeypatch, tmp_path):
+    """The plan's copy of a store's files lies in its own step's temporary folder (another pod on
+    Kubernetes): each group downloads its own parts' files from the run's source commit, no more."""
+    from pipelines.sources import add_source_files, plan_uploads
+
+    folder = write_shapes_source(tmp_path / "elsewhere", per_class=30, seed=3)
+    store = platform.store()
+    store.ensure_repository()
+    spec = _spec()
+    add_source_files(store, spec, plan_uploads(spec, [folder]))
+    read: list[int] = []
+    ingest = ImageKind.ingest_parts
+
+    def counting(self, spec_, parts, out):
+        paths = [e.path for p in parts for e in p.entries]
+        (fetched,) = {p.parents[2] for p in paths}  # <step's folder>/shapes/<class>/<file>
+        # this group's files and no other, fetched by this step (the plan's copy is gone)
+        assert sorted(f for f in fetched.rglob("*") if f.is_file()) == sorted(paths)
+        read.append(len(paths))
+        return ingest(self, spec_, parts, out)
+
+    monkeypatch.setattr(ImageKind, "ingest_parts", counting)
+    result = platform.run(spec)
+    assert result.success, failure_messages(result)
+    logs = [e.user_message for e in platform.instance.all_logs(result.run_id)]
+    assert any("from the store's sources/ area" in m for m in logs), logs
+    assert len(read) == len(_ingest_steps(result)) >= 4 and sum(read) == 90
+    index = json.loads(store.get_object("main", RAW + INDEX_NAME))
+    one = ingest_images(spec, _files(tmp_path / "elsewhere"), tmp_path / "elsewhere", tmp_path / "one",
+                        salt=index["salt"])
+    assert store.get_object("main", RAW + INDEX_NAME) == (one.path / INDEX_NAME).read_bytes()
+    assert all(store.get_object("main", RAW + p.relative_to(one.path).as_posix()) == p.read_bytes()
+               for p in one.path.rglob("*.parquet"))
