@@ -304,6 +304,8 @@ def test_a_version_with_appended_documents_commits_only_the_new_parts_shards(pla
                for m in ingests[1]), ingests[1]
     whole = TEXT.ingest(spec, [folder / "lines.jsonl"], platform.sources, platform.root / "whole.parquet")
     assert (platform.root / "raw.parquet").read_bytes() == whole.path.read_bytes()
+    record = json.loads(store.get_object(tags[2], "datasets/toy/raw/ingest.json"))  # what v3 would build on
+    assert record["documents"] == 406 and record["files"][0]["lines"] == 406 and record["files"][0]["ends_line"]
 
 
 def test_a_new_version_of_a_bpe_corpus_keeps_the_published_tokenizer_and_its_parts(platform):
