@@ -7,6 +7,12 @@ read ``files_per_chunk`` at a time, decoded in full on the worker pool (a trunca
 file is found here), and appended to their part's raw copy one Parquet row group per chunk, in
 id order. The parts (assets/kinds/image_parts.py) that the previous version already holds are not
 read again: their checked rows come from that version.
+
+The work is in three stages, so that Dagster steps can share it (assets/image_ingest_steps.py)
+and one process runs them in turn (``ingest_images``): ``plan_ingest`` lists, hashes and cuts
+the parts, deciding which the previous version holds; ``ingest_parts`` decodes, checks and writes
+any group of the new parts; ``finish_ingest`` writes the index and judges every row of the version
+with the suite. The report and files do not depend on how the new parts were grouped.
 """
 
 from __future__ import annotations
