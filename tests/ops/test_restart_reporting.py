@@ -85,7 +85,11 @@ def test_warnings_alone_stay_a_warning_and_a_clean_training_passes():
 class _Told:
     def __init__(self):
         self.lines: list[str] = []
+        self.kinds: list[str] = []
         self.records = 0
+
+    def failed(self, kind: str) -> None:
+        self.kinds.append(kind)
 
     def recorded(self) -> None:
         self.records += 1
@@ -240,14 +244,18 @@ def test_a_retryable_failure_leaves_the_session_open_whatever_torchruns_count_sa
         with pytest.raises(type(exc)):
             with PipesReporter({"TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "1"}) as reporter:
                 reporter.info("step 5/10")
-                reporter.recorded()  # in the attempt's records; torchrun has no restart left
+                # what FailureRecorder.record tells it (the record written; torchrun has no restart left)
+                recorder = FailureRecorder(None, {}, at_exit=lambda *a: None, reporter=reporter)
+                recorder.record(exc)
+                reporter.recorded()
                 raise exc
         assert [json.loads(line)["method"] for line in messages.read_text().splitlines()] == ["opened", "log"]
     (tmp_path / "deterministic").mkdir()
     messages = _pipes_env(tmp_path / "deterministic", monkeypatch)
     _new_process(monkeypatch)
     with pytest.raises(KeyError):
-        with PipesReporter({}):
+        with PipesReporter({}) as reporter:
+            FailureRecorder(None, {}, at_exit=lambda *a: None, reporter=reporter).record(KeyError("label"))
             raise KeyError("label")
     closed = json.loads(messages.read_text().splitlines()[-1])
     assert closed["method"] == "closed" and "exception" in closed["params"]
@@ -270,7 +278,11 @@ def _session_log(attempts, monkeypatch) -> tuple[list, list[str]]:
                 _new_process(monkeypatch)
                 try:
                     with PipesReporter({"TORCHELASTIC_RESTART_COUNT": str(restart)}) as reporter:
-                        attempt(reporter)
+                        try:
+                            attempt(reporter)
+                        except Exception as exc:  # as training_runtime/__main__.py hands it on
+                            FailureRecorder(None, {}, at_exit=lambda *a: None, reporter=reporter).record(exc)
+                            raise
                 except OSError:
                     pass  # this attempt's failure; the launch goes on or ends
         return [m.get("step") for m in session.get_custom_messages()]

@@ -23,6 +23,8 @@ from typing import Any, Mapping
 
 from dagster_pipes import PipesContext, open_dagster_pipes
 
+from training_runtime.observe.attempts import RETRYABLE
+
 log = logging.getLogger("training_runtime")
 
 LEDGER_ENV = "TRAINING_RUNTIME_PIPES_LEDGER"
@@ -58,6 +60,7 @@ class PipesReporter:
         self._lock = threading.Lock()
         self.restart_follows = False  # set by ``restarting``: this attempt ends, torchrun starts another
         self.failure_recorded = False  # set by ``recorded``: the orchestrator tells the failure from the records
+        self.retryable_failure = False  # set by ``failed``: a new attempt may fix this rank's failure
         folder = environ.get(LEDGER_ENV)
         self.ledger: Path | None = None
         if folder:
@@ -84,6 +87,12 @@ class PipesReporter:
             with open(self.ledger, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
+    def failed(self, kind: str) -> None:
+        """This rank failed, of ``kind`` (observe/attempts.py's RETRYABLE or DETERMINISTIC), told
+        before the failure is written anywhere, so that a record the failing volume refuses still
+        leaves the session open for an attempt that may follow (``__exit__``)."""
+        self.retryable_failure = kind == RETRYABLE
+
     def recorded(self) -> None:
         """This rank's failure is in its attempt's records (train/failures.py): the orchestrator
         reads them and fails the step in the runtime's words, so the "closed" message need not
@@ -106,7 +115,7 @@ class PipesReporter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None and (self.restart_follows or _retryable(exc)):
+        if exc is not None and (self.restart_follows or self.retryable_failure):
             # No "closed": a failure a retry may fix can be followed, in this same session, by an
             # attempt rank 0 cannot foresee: torchrun's restart (``restarting``), an elastic
             # gang's re-forming (which torchrun does not count), or a replacement pod the Job
@@ -121,9 +130,3 @@ class PipesReporter:
             return
         self.pipes.__exit__(exc_type, exc, tb)
 
-
-def _retryable(exc: BaseException) -> bool:
-    """Whether ``exc`` is a failure a new attempt may fix (train/failures.py's classes)."""
-    from training_runtime.train.failures import RETRYABLE, failure_record  # only once a rank fails
-
-    return isinstance(exc, Exception) and failure_record(exc)["kind"] == RETRYABLE

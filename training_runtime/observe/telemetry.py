@@ -29,6 +29,9 @@ class LogReporter:
     def custom(self, payload: dict[str, Any]) -> None:
         log.info("%s %s", payload.get("kind", "message"), json.dumps(payload, sort_keys=True))
 
+    def failed(self, kind: str) -> None:
+        """This rank failed, of ``kind`` (train/failures.py): nothing to add here."""
+
     def recorded(self) -> None:
         """This rank's failure is in its attempt's records (train/failures.py): nothing to add here."""
 

@@ -110,8 +110,11 @@ def _launch_of(raw: Mapping[str, Any]) -> int:
 
 class Restarting(Protocol):
     """Told how this rank's failure is handed on (observe/pipes.py's reporter is rank 0's Pipes
-    session): ``recorded`` once it is in the attempt's records, which the orchestrator reads and
-    states in the step's failure; ``restarting`` when torchrun starts another attempt after it."""
+    session): ``failed`` with its kind as soon as it is classified; ``recorded`` once it is in the
+    attempt's records, which the orchestrator reads and states in the step's failure;
+    ``restarting`` when torchrun starts another attempt after it."""
+
+    def failed(self, kind: str) -> None: ...
 
     def recorded(self) -> None: ...
 
@@ -181,6 +184,8 @@ class FailureRecorder:
         """Write this rank's failure record; after a deterministic one, stop torchrun's agent at
         exit (after the traceback and torchelastic's error file are written)."""
         record = failure_record(exc)
+        if self.reporter is not None:  # first: writing the record may fail (a full disk)
+            self.reporter.failed(record["kind"])
         if self.log is not None:
             try:
                 self.log.add_failure(record)
