@@ -210,8 +210,8 @@ class RawRows:
         self.source = pq.ParquetFile(source, pre_buffer=True)
         self.stored = json.loads((self.source.schema_arrow.metadata or {}).get(ingest.FEATURE_COLUMNS_KEY, b"null"))
         if self.stored != list(spec.feature_columns):
-            raise ValueError(f"the raw copy {getattr(source, 'name', source)} holds features {self.stored}, not the pipeline's "
-                             f"{list(spec.feature_columns)[:5]}...; re-materialise the raw dataset")
+            raise ValueError(f"the raw copy {getattr(source, 'name', source)} holds features {self.stored}, not the "
+                             f"pipeline's {list(spec.feature_columns)[:5]}...; re-materialise the raw dataset")
         meta = self.source.metadata
         self.starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
                                       ]).astype(np.int64)

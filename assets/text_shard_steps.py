@@ -158,7 +158,8 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
         context.log.info(f"{name}: {len(group['parts'])} part(s) tokenized ({names}), "
                          f"{sum(r['documents'] for r in records)} document(s) ({source.bytes_fetched} of the raw "
                          f"copy's {source.size()} byte(s) read in {source.requests} ranged request(s)): {len(paths)} "
-                         f"shard file(s) staged on {branch}" + (f"; {len(failures)} file problem(s)" if failures else ""))
+                         f"shard file(s) staged on {branch}"
+                         + (f"; {len(failures)} file problem(s)" if failures else ""))
         return {"branch": branch, "failures": failures, "records": list(records), "entries": list(entries)}
 
     @dg.op(name=f"{ident}_publish", retry_policy=TRANSIENT_RETRY,

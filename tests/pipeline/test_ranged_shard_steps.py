@@ -100,7 +100,8 @@ def test_table_steps_on_lakefs_read_only_the_footer_and_their_row_groups(server,
     assert metadata.num_row_groups >= 16 and size > 4 * footer
     for groups, read, total, _ in steps:
         assert total == size and read <= groups * widest + footer < size / 2, (groups, read, size)
-    print(f"\ntable on lakeFS: raw copy {size} bytes, {metadata.num_row_groups} row groups, {len(manifest['parts'])} parts "
+    print(f"\ntable on lakeFS: raw copy {size} bytes, {metadata.num_row_groups} row groups, "
+          f"{len(manifest['parts'])} parts "
           f"in {len(steps)} steps; plan read {plan[0]}; steps read {[r for _, r, _, _ in steps]} from "
           f"{[g for g, _, _, _ in steps]} row groups in {[n for _, _, _, n in steps]} requests")
     # the plan reads the id column alone, and the logs account for every byte the server sent
