@@ -91,9 +91,7 @@ class Profile:
 
     def executor(self) -> dg.ExecutorDefinition:
         if self.name == "local":
-            # Steps are light orchestration; the heavy work runs in torchrun workers. In-process
-            # saves ~2 s of process start per step (measured in shared/FACTS.md).
-            return dg.in_process_executor
+            return LOCAL_EXECUTOR
         from dagster_k8s import k8s_job_executor
 
         from resources.k8s.step_config import k8s_executor_config, platform_settings
@@ -104,6 +102,19 @@ class Profile:
 
     def store(self):
         return self.resources()["store"].get()
+
+
+# The local profile's executor: Dagster's own in-process or multiprocess executor, chosen by a run's
+# config. In process by default: most steps are light orchestration (the heavy work runs in
+# torchrun workers, or in a step's own worker pool), and it saves ~2 s of process start per step
+# (measured in shared/FACTS.md). A run whose data is sharded over steps (a table's or a corpus's
+# groups of parts) may ask for ``execution: {config: {multiprocess: {max_concurrent: N}}}`` to run
+# N groups at once, a process each (docs/datasets-beyond-one-node.md).
+LOCAL_EXECUTOR = dg.multi_or_in_process_executor.configured(
+    lambda config: config, name="local_executor",
+    config_schema=dg.Field(dg.multi_or_in_process_executor.config_schema.config_type,
+                           default_value={"in_process": {}}, is_required=False),
+    description="In process by default; `multiprocess: {max_concurrent: N}` runs N steps at once, a process each.")
 
 
 def served_ui_url(environ: Mapping[str, str]) -> str:
