@@ -67,7 +67,7 @@ def build_image_raw_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey]
                                    description=f"Checks on every file of the {spec.source.describe()}.")
 
     @dg.op(name=f"{ident}_plan", retry_policy=TRANSIENT_RETRY,
-           out={"plan": dg.Out(), "groups": dg.DynamicOut(is_required=False)})
+           out={"plan": dg.Out(), "groups": dg.DynamicOut()})
     def plan(context, platform: PlatformSettings, store: VersionedStoreResource):
         s = store.get()
         s.ensure_repository()

@@ -159,6 +159,15 @@ def test_the_raw_ingest_runs_in_steps_publishes_one_commit_and_equals_one_pass_a
     assert report == one.report.to_json()
     assert on_commit[RAW + "sources.json"] == json.dumps(one.sources, indent=2, sort_keys=True).encode()
 
+    # the same folder again: the version is reused, nothing is planned into steps, and the run
+    # still materialises both assets (a plan that yields no group must not skip publish)
+    third = platform.run(spec)
+    assert third.success, failure_messages(third)
+    assert not _ingest_steps(third)
+    reused = {e.asset_key.path[-1]: e.materialization.metadata for e in third.get_asset_materialization_events()}
+    assert reused["raw_dataset"]["reused_dataset_version"].value == reused["shards"]["dataset_version"].value
+    assert reused["raw_dataset"]["commit_id"].value == raw_commit.id
+
 
 def test_a_failed_group_is_retried_alone_and_one_failed_for_good_leaves_main_unchanged(platform, monkeypatch):
     write_shapes_source(platform.sources, per_class=30, seed=3)
