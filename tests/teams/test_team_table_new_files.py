@@ -11,9 +11,6 @@ version's commit adds and removes the shard files of the parts the new rows fall
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -23,11 +20,10 @@ import pytest
 
 from core.datasets import dataset_tags
 from core.registry import list_versions, read_lineage
-from pipelines.profiles import Profile
+from tests.teams.team_cli import team_location
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "abacus_events"
 DEFINITIONS = textwrap.dedent(f'''
     from pipelines.api import model_pipeline, team_definitions
@@ -52,26 +48,11 @@ def day(n: int, rows: int = 100) -> pd.DataFrame:
 
 
 def test_a_team_folder_of_daily_parquet_files_grows_by_the_new_file_alone(tmp_path):
-    team_root = tmp_path / "team-code"
-    (team_root / "abacus").mkdir(parents=True)
-    (team_root / "abacus" / "__init__.py").touch()
-    (team_root / "abacus" / "definitions.py").write_text(DEFINITIONS)
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text("load_from:\n  - python_module:\n      module_name: abacus.definitions\n"
-                         f"      attribute: defs\n      location_name: abacus\n      working_directory: {team_root}\n")
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PLATFORM_PROFILE", "PYTHONPATH")}
-    env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO))
+    team = team_location(tmp_path, "abacus", DEFINITIONS)
+    home, cli = team.home, team.cli
     export = tmp_path / "export"  # the team's daily export, a file a day
     export.mkdir()
 
-    def cli(*args: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "pipelines", *args, "--workspace", str(workspace)],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        return proc.stdout + proc.stderr
 
     for n in range(1, 7):
         day(n).to_parquet(export / f"2026-12-0{n}.parquet", index=False)
@@ -86,7 +67,7 @@ def test_a_team_folder_of_daily_parquet_files_grows_by_the_new_file_alone(tmp_pa
                "2026-12-07.parquet parsed and checked" in line for line in logs), logs
     assert sum(f"{NAME}: every row read (600): no published version to build on" in line for line in logs) == 1
 
-    store = Profile(name="local", data_root=home / "platform").store()
+    store = team.store()
     assert list_versions(store, NAME) == [1, 2]
     tags = dataset_tags(store, NAME)
     prefix = f"datasets/{NAME}/shards/"

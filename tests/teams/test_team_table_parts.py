@@ -10,11 +10,7 @@ the source's units (thousands around 5,000), which the model learns only once th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,13 +18,12 @@ import pytest
 
 from core.datasets import dataset_tags
 from core.registry import list_versions, read_lineage
-from pipelines.profiles import Profile
 from training_runtime.data.shard_format import NORMALISE_ON_READ
 from training_runtime.data.split import open_split
+from tests.teams.team_cli import team_location
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "abacus_ledger"
 DEFINITIONS = textwrap.dedent(f'''
     from pipelines.api import model_pipeline, team_definitions
@@ -53,25 +48,10 @@ def rows(start: int, stop: int) -> pd.DataFrame:
 
 
 def test_a_team_table_grows_by_its_new_parts_and_trains_normalised_on_read(tmp_path):
-    team_root = tmp_path / "team-code"
-    (team_root / "abacus").mkdir(parents=True)
-    (team_root / "abacus" / "__init__.py").touch()
-    (team_root / "abacus" / "definitions.py").write_text(DEFINITIONS)
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text("load_from:\n  - python_module:\n      module_name: abacus.definitions\n"
-                         f"      attribute: defs\n      location_name: abacus\n      working_directory: {team_root}\n")
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PLATFORM_PROFILE", "PYTHONPATH")}
-    env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO))
+    team = team_location(tmp_path, "abacus", DEFINITIONS)
+    home, cli = team.home, team.cli
     csv = tmp_path / "ledger.csv"
 
-    def cli(*args: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "pipelines", *args, "--workspace", str(workspace)],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        return proc.stdout
 
     rows(0, 600).to_csv(csv, index=False)
     cli("sources", "add", NAME, str(csv), "--to", "abacus/ledger.csv")
@@ -80,7 +60,7 @@ def test_a_team_table_grows_by_its_new_parts_and_trains_normalised_on_read(tmp_p
     cli("sources", "add", NAME, str(csv), "--to", "abacus/ledger.csv")
     assert f"{NAME} v2" in cli("train", NAME)
 
-    store = Profile(name="local", data_root=home / "platform").store()
+    store = team.store()
     assert list_versions(store, NAME) == [1, 2]
     tags = dataset_tags(store, NAME)
     assert sorted(tags) == [1, 2]

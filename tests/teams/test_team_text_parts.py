@@ -10,10 +10,7 @@ its new parts were tokenized in steps of their own, and version 2 trained on tha
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -23,12 +20,11 @@ import pytest
 
 from core.datasets import dataset_tags
 from core.registry import list_versions, read_lineage
-from pipelines.profiles import Profile
 from training_runtime.data.split import open_split
+from tests.teams.team_cli import team_location
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 NAME = "quill_notes"
 DEFINITIONS = textwrap.dedent(f'''
     from pipelines.api import TextCorpus, TextPreprocessing, model_pipeline, team_definitions
@@ -63,25 +59,10 @@ def shard_steps(home: Path) -> list[list[str]]:
 
 
 def test_a_team_text_corpus_grows_by_its_new_parts_tokenized_over_steps_and_trains(tmp_path):
-    team_root = tmp_path / "team-code"
-    (team_root / "quill").mkdir(parents=True)
-    (team_root / "quill" / "__init__.py").touch()
-    (team_root / "quill" / "definitions.py").write_text(DEFINITIONS)
-    workspace = tmp_path / "workspace.yaml"
-    workspace.write_text("load_from:\n  - python_module:\n      module_name: quill.definitions\n"
-                         f"      attribute: defs\n      location_name: quill\n      working_directory: {team_root}\n")
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PLATFORM_PROFILE", "PYTHONPATH")}
-    env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO))
+    team = team_location(tmp_path, "quill", DEFINITIONS)
+    home, cli = team.home, team.cli
     corpus = tmp_path / "notes.jsonl"
 
-    def cli(*args: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "pipelines", *args, "--workspace", str(workspace)],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        return proc.stdout
 
     corpus.write_text(notes(0, 300))
     cli("sources", "add", NAME, str(corpus), "--to", "quill/notes.jsonl")
@@ -91,7 +72,7 @@ def test_a_team_text_corpus_grows_by_its_new_parts_tokenized_over_steps_and_trai
     cli("sources", "add", NAME, str(corpus), "--to", "quill/notes.jsonl")
     assert f"{NAME} v2" in cli("train", NAME)
 
-    store = Profile(name="local", data_root=home / "platform").store()
+    store = team.store()
     assert list_versions(store, NAME) == [1, 2]
     tags = dataset_tags(store, NAME)
     assert sorted(tags) == [1, 2]
