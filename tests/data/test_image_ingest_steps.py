@@ -312,3 +312,28 @@ def test_a_folder_in_the_stores_sources_area_is_fetched_by_each_step_and_makes_t
     assert store.get_object("main", RAW + INDEX_NAME) == (one.path / INDEX_NAME).read_bytes()
     assert all(store.get_object("main", RAW + p.relative_to(one.path).as_posix()) == p.read_bytes()
                for p in one.path.rglob("*.parquet"))
+
+
+@pytest.mark.slow
+def test_run_with_the_multiprocess_executor_the_groups_ingest_in_processes_of_their_own_and_make_the_same_raw_copy(
+        platform, monkeypatch, tmp_path):
+    """Locally a run that asks for processes (pipelines/profiles.py's executor) ingests its groups
+    side by side, each with its own decoding pool: what one machine's cores give."""
+    import dagster as dg
+
+    monkeypatch.setenv(DATA_ROOT_VAR, str(platform.profile.data_root))
+    write_shapes_source(platform.sources, per_class=30, seed=3)
+    config = {"execution": {"config": {"multiprocess": {"max_concurrent": 2}}}}
+    with platform.instance:
+        with dg.execute_job(dg.reconstructable(image_ingest_steps_job), instance=platform.instance, run_config=config,
+                            raise_on_error=False) as result:
+            assert result.success, [e.message for e in result.all_events if e.is_failure]
+            pids = {e.step_key: e.pid for e in result.all_events if e.is_step_start}
+    groups = {k: pid for k, pid in pids.items() if "_ingest_parts[" in k}
+    assert len(groups) >= 4 and len(set(pids.values())) == len(pids)  # every step in a process of its own
+    store = platform.store()
+    index = json.loads(store.get_object("main", RAW + INDEX_NAME))
+    one = ingest_images(_spec(), _files(platform.sources), platform.sources, tmp_path / "one", salt=index["salt"])
+    assert store.get_object("main", RAW + INDEX_NAME) == (one.path / INDEX_NAME).read_bytes()
+    assert all(store.get_object("main", RAW + p.relative_to(one.path).as_posix()) == p.read_bytes()
+               for p in one.path.rglob("*.parquet"))
