@@ -62,7 +62,6 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
                                       raw_store_path, ensure_run_branch(s, context.run_id), source_commit)
                 return
             context.log.info(not_reused_line(name, reuse, key))
-            previous = None
             # a text corpus: by its new documents alone when it is the published one grown
             raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name, key=key,
                               hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
@@ -77,11 +76,9 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
                                    f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": raw_store_path, "rows": raw.rows, "branch": branch,
-                 "source_commit": source_commit, "checks": raw.report.summary(), "data_key": key,
-                 "previous_commit": reuse.newest_commit if previous else None, "parts": raw.parts}
-        parts = {"parts_made": raw.parts["new"], "parts_reused": raw.parts["reused"]} if raw.parts else {}
+                 "source_commit": source_commit, "checks": raw.report.summary(), "data_key": key}
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
-            "commit_id": commit_id, "rows": raw.rows, "files": len(raw.sources), "store_link": link(s, commit_id), **parts,
+            "commit_id": commit_id, "rows": raw.rows, "files": len(raw.sources), "store_link": link(s, commit_id),
             **({"source_commit": source_commit} if source_commit else {})})
         yield from gate(context, raw.report, keys["raw_dataset"], "raw_expectations", commit_id, branch)
 

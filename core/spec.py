@@ -73,7 +73,8 @@ class ImageFolder:
     # Images per part, on average: the unit a new version reuses when the folder changes
     # (assets/kinds/image_parts.py). Smaller parts make an edit cheaper and shards at part ends smaller.
     files_per_part: int = 4096
-    # New parts sharded per Dagster step (a pod each on Kubernetes): assets/image_shard_steps.py.
+    # New parts ingested, and then sharded, per Dagster step (a pod each on Kubernetes):
+    # assets/image_ingest_steps.py, assets/image_shard_steps.py.
     parts_per_step: int = 8
 
     @property
