@@ -246,9 +246,9 @@ def _render_table_growth(b: dict, rows: Rows) -> None:
                  f"s, a whole run of the dataset's job (raw_dataset + shards, checks, commits, publish): full ingest "
                  f"{fmt(e['median_full_s'])} (raw_dataset {step(f, 'raw_dataset')}, shards {step(f, 'shards')}), the "
                  f"edit {fmt(e['median_grown_s'])} (raw_dataset {step(g, 'raw_dataset')}: {_raw_said(e)}; "
-                 f"shards {step(g, 'shards')}: every row hashed into parts, "
-                 f"{e['runs'][0]['grown']['parts_made']} of {e['runs'][0]['grown']['parts']} part(s) sharded, their "
-                 "shards read back, the kept ones checked by their summaries)",
+                 f"shards {step(g, 'shards')}: the plan read the id column and kept the parts of old rows unread, "
+                 f"{e['runs'][0]['grown']['parts_made']} of {e['runs'][0]['grown']['parts']} part(s) sharded from "
+                 "their row groups, their shards read back, the kept ones checked by their summaries)",
                  "≤ 0.10× a full ingest", r <= 0.10, how="median of reps, each pair in one process, order alternating")
 
 
@@ -257,7 +257,7 @@ def _raw_said(e: dict) -> str:
     said = [r["grown"].get("appended") for r in e["runs"]]
     if all(said):
         return ("only the appended rows parsed, checked and converted (assets/append.py), the raw copy's "
-                "old row groups decoded and written again")
+                "old row groups kept as bytes (assets/parquet_splice.py)")
     if not any(a is not None for a in said):
         return "the whole CSV parsed, checked by the raw suite and copied"
     return f"the appended rows alone in {sum(map(bool, said))} of {len(said)} reps, the whole CSV in the others"
