@@ -58,9 +58,10 @@ class PipesReporter:
         self.seq = 0  # messages sent so far
         self._restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         self._lock = threading.Lock()
-        self.restart_follows = False  # set by ``restarting``: this attempt ends, torchrun starts another
         self.failure_recorded = False  # set by ``recorded``: the orchestrator tells the failure from the records
-        self.retryable_failure = False  # set by ``failed``: a new attempt may fix this rank's failure
+        # set by ``failed`` (or ``restarting``): a new attempt may fix this rank's failure, so the
+        # session stays open for it (``__exit__``)
+        self.retryable_failure = False
         folder = environ.get(LEDGER_ENV)
         self.ledger: Path | None = None
         if folder:
@@ -102,22 +103,21 @@ class PipesReporter:
 
     def restarting(self, message: str) -> None:
         """This attempt of rank 0 failed and torchrun restarts the workers (train/failures.py): say
-        so in the run's log, and leave the Pipes session open. Its "closed" message would end the
-        session for Dagster, which then warns about every message of the restarted attempt (and
-        a pod-log reader stops reading at it); the restarted rank 0 opens the same message
-        channel again, and its "closed", at the real end, closes the session once."""
+        so in the run's log. The session stays open, as after any failure a new attempt may fix:
+        the restarted rank 0 opens the same message channel again, and its "closed", at the real
+        end, closes the session once."""
         with self._lock:
             self.pipes.log.warning(message)
             self._sent("log", text=message)
-        self.restart_follows = True
+        self.retryable_failure = True
 
     def __enter__(self) -> PipesReporter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None and (self.restart_follows or self.retryable_failure):
+        if exc is not None and self.retryable_failure:
             # No "closed": a failure a retry may fix can be followed, in this same session, by an
-            # attempt rank 0 cannot foresee: torchrun's restart (``restarting``), an elastic
+            # attempt rank 0 cannot always foresee: torchrun's restart (``restarting``), an elastic
             # gang's re-forming (which torchrun does not count), or a replacement pod the Job
             # controller starts. A "closed" here made Dagster warn about every message of that
             # attempt ("unexpected message received after closed"). Nothing is lost: the channels
