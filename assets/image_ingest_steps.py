@@ -36,12 +36,10 @@ from pathlib import Path
 import dagster as dg
 
 from assets import ingest
-from assets.data_key import data_key
 from assets.kinds.image_ingest import NewPart
 from assets.kinds.image_store import parts_line, previous_parts, put_raw, unstage
 from assets.reuse import not_reused_line, reused_raw
-from assets.source_place import SOURCES_PREFIX, describe_files
-from core.datasets import reusable_version
+from assets.source_place import SOURCES_PREFIX
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
@@ -55,8 +53,8 @@ def ingest_groups(parts: list[NewPart], per_step: int) -> list[list[NewPart]]:
 
 
 def build_image_raw_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey], *, source_commit_tag: str,
-                          checked, source_files) -> dg.AssetsDefinition:
-    """``checked``: assets.pipeline's helpers; ``source_files``: assets.typed_data's (where the run reads)."""
+                          checked, located_sources) -> dg.AssetsDefinition:
+    """``checked``: assets.pipeline's helpers; ``located_sources``: assets.typed_data's (where the run reads)."""
     commit_checked, gate, _replace_prefix, _publish, check_owner, link = checked
     name = spec.name
     raw_prefix = ingest.dataset_prefix(name) + "raw/"
@@ -73,18 +71,15 @@ def build_image_raw_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey]
         s.ensure_repository()
         check_owner(s, spec)
         with tempfile.TemporaryDirectory(prefix="raw-plan-") as tmp:
-            files, root, source_commit = source_files(context, spec, s, platform.sources_root, Path(tmp),
-                                                      source_commit_tag)
-            described = describe_files(files, root)
-            data = data_key(spec, described)
-            reuse = reusable_version(s, name, data)
+            src = located_sources(context, spec, s, platform.sources_root, Path(tmp), source_commit_tag)
+            files, root, source_commit, data, reuse = src.files, src.root, src.source_commit, src.key, src.reuse
             if reuse.tag is not None:  # the newest version holds this very data: nothing to decode
                 yield dg.Output({"reuse": reuse, "source_commit": source_commit}, "plan")
                 return
             context.log.info(not_reused_line(name, reuse, data))
             previous = previous_parts(s, reuse.newest_commit, raw_prefix, Path(tmp))
             made = kind.plan_ingest(spec, files, root, salt=data["parameters"] + data["code"],
-                                    hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
+                                    hashes=src.hashes,
                                     previous=previous)
         groups = ingest_groups(made.new, spec.source.parts_per_step)
         context.log.info(f"{name}: {len(made.kept)} part(s) kept from {reuse.newest or 'no previous version'}, "

@@ -10,6 +10,7 @@ whose files and preprocessing equal the newest version's reuses it (assets/reuse
 # No ``from __future__ import annotations``: Dagster reads the ``context`` annotation as a type.
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -20,7 +21,7 @@ from assets.kinds import DataKind
 from assets.reuse import not_reused_line, reused_raw
 from assets.source import SourceError
 from assets.source_place import describe_files, locate_sources, typed_source_files
-from core.datasets import reusable_version
+from core.datasets import Reuse, reusable_version
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
 from resources.platform import PlatformSettings, VersionedStoreResource
@@ -35,7 +36,7 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         from assets.image_shard_steps import build_image_shards_asset
 
         return [build_image_raw_asset(spec, kind, keys, source_commit_tag=source_commit_tag, checked=checked,
-                                      source_files=source_files),
+                                      located_sources=located_sources),
                 build_image_shards_asset(spec, kind, keys, checked)]
     commit_checked, gate, _replace_prefix, _publish, check_owner, link = checked
     name = spec.name
@@ -52,11 +53,8 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         s.ensure_repository()
         check_owner(s, spec)
         with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
-            files, root, source_commit = source_files(context, spec, s, platform.sources_root, Path(tmp),
-                                                      source_commit_tag)
-            described = describe_files(files, root)
-            key = data_key(spec, described)
-            reuse = reusable_version(s, name, key)
+            src = located_sources(context, spec, s, platform.sources_root, Path(tmp), source_commit_tag)
+            files, root, source_commit, key, reuse = src.files, src.root, src.source_commit, src.key, src.reuse
             if reuse.tag is not None:  # the newest version holds this very data: nothing to make
                 yield from reused_raw(context, s, keys["raw_dataset"], "raw_expectations", name, reuse,
                                       raw_store_path, ensure_run_branch(s, context.run_id), source_commit)
@@ -64,7 +62,7 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
             context.log.info(not_reused_line(name, reuse, key))
             # a text corpus: by its new documents alone when it is the published one grown
             raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name, key=key,
-                              hashes={d["file"]: d["sha256"] for d in described if "sha256" in d},
+                              hashes=src.hashes,
                               published=published_corpus(s, name, reuse.newest_commit, raw_store_path))
             context.log.info(f"{name}: {raw.how}")
             branch = ensure_run_branch(s, context.run_id)
@@ -102,6 +100,33 @@ def published_corpus(store, name: str, commit: str | None, raw_path: str):
     except RefNotFoundError:
         return None
     return PublishedCorpus(record=record, fetch=lambda dest: store.download(commit, raw_path, dest))
+
+
+@dataclass(frozen=True)
+class LocatedSources:
+    """Where a run of an image folder or a text corpus reads, and whether it has anything to make."""
+
+    files: list[Path]
+    root: Path  # the folder they lie under
+    source_commit: str | None  # the store commit they came from, None for a local folder
+    described: list[dict]  # each file's name, size and sha256 (describe_files)
+    key: dict  # the data key (assets/data_key.py)
+    reuse: Reuse  # the newest version, and whether it holds this very data
+
+    @property
+    def hashes(self) -> dict[str, str]:
+        """Each file's sha256, by name, as described (hashed once per run)."""
+        return {d["file"]: d["sha256"] for d in self.described if "sha256" in d}
+
+
+def located_sources(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,
+                    source_commit_tag: str) -> LocatedSources:
+    """The source's files (``source_files``), described, their data key, and what the newest
+    version of the dataset holds: what every kind's raw asset (or its plan step) starts from."""
+    files, root, source_commit = source_files(context, spec, store, sources_root, tmp, source_commit_tag)
+    described = describe_files(files, root)
+    key = data_key(spec, described)
+    return LocatedSources(files, root, source_commit, described, key, reusable_version(store, spec.name, key))
 
 
 def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,
