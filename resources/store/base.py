@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import re
+import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -330,6 +331,28 @@ class VersionedStore(ABC):
         them: clipped at the object's end, so fewer when the range runs past it and ``b""`` when
         ``start`` is at or past it or ``length`` is 0. A missing object or ref raises
         RefNotFoundError even then; a negative ``start`` or ``length`` raises StoreError."""
+
+    def copy_object(self, src_ref: str, src_path: str, dest_branch: str, dest_path: str | None = None) -> ObjectInfo:
+        """Stage at ``dest_path`` (``src_path`` when None) on ``dest_branch`` the object ``src_path``
+        at ``src_ref`` (a branch includes its uncommitted writes), uncommitted, as ``put_file`` of
+        its bytes would; return the copy's ObjectInfo (same size and checksum). The copy is an
+        object of its own: a later write or delete at either path leaves the other as it was.
+
+        A store that copies on its side (lakeFS, and the local store, which shares the immutable
+        blob) moves no bytes through this process: that is what makes carrying a terabyte raw copy
+        from one run's branch to another cheap. This default, for a store that cannot, streams
+        the bytes through a temporary file, never all in memory. Raises RefNotFoundError for a
+        missing source, and for a destination that is not a branch (a tag or a commit id: lakeFS
+        writes to branches only)."""
+        dest_path = src_path if dest_path is None else dest_path
+        validate_ref_name(src_ref, "ref")
+        validate_ref_name(dest_branch, "branch")
+        validate_object_path(src_path)
+        validate_object_path(dest_path)
+        with tempfile.TemporaryDirectory(prefix="store-copy-") as tmp:
+            local = self.download(src_ref, src_path, Path(tmp) / "object")
+            self.put_file(dest_branch, dest_path, local)
+        return self.stat_object(dest_branch, dest_path)
 
     def open_object(self, ref: str, path: str, *, cache_bytes: int = 16 << 20) -> RangedObject:
         """A read-only, seekable file over ``path`` at ``ref`` that fetches only the byte ranges

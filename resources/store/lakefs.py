@@ -414,6 +414,31 @@ class LakeFSVersionedStore(VersionedStore):
                              "honours HTTP Range (lakeFS does)")
         return bytes(data)
 
+    def copy_object(self, src_ref: str, src_path: str, dest_branch: str, dest_path: str | None = None) -> ObjectInfo:
+        """lakeFS copies on its side (``POST .../branches/{branch}/objects/copy``,
+        pkg/catalog/catalog.go CopyEntry): the blockstore copies the object to a new physical
+        address (S3 CopyObject on S3), so its bytes never pass through this process. The copy
+        keeps the source's checksum, size, content type and user metadata. A retry after a copy
+        that was applied copies again onto the same staged path: the same result."""
+        dest_path = src_path if dest_path is None else dest_path
+        validate_ref_name(src_ref, "ref")
+        validate_ref_name(dest_branch, "branch")
+        validate_object_path(src_path)
+        validate_object_path(dest_path)
+        what = f"copy {src_path!r} at {src_ref!r} to {dest_path!r} on branch {dest_branch!r}"
+        try:
+            stats = self._call(what, self._sdk.objects_api.copy_object, self.repository, dest_branch, dest_path,
+                               lakefs_sdk.ObjectCopyCreation(src_path=src_path, src_ref=src_ref))
+        except RefNotFoundError as exc:
+            # lakeFS answers 404 for both: "branch '<name>' not found" or the source's "not found".
+            message = getattr(exc, "server_message", "")
+            missing = (f"{dest_branch!r} is not a branch (copies are staged on a branch, not a tag or commit id)"
+                       if message.startswith("branch ") else f"{src_path!r} at {src_ref!r} does not exist (or that ref does not)")
+            error = RefNotFoundError(f"{what}: {missing} in lakeFS repository {self.repository!r} ({message})")
+            error.http_status, error.server_message = 404, message  # type: ignore[attr-defined]
+            raise error from None
+        return ObjectInfo(path=stats.path, size_bytes=stats.size_bytes or 0, checksum=stats.checksum)
+
     def download(self, ref: str, path: str, dest: Path) -> Path:
         """Fetched in ranged chunks: memory stays bounded and a failed chunk is retried alone."""
         size = self._stat(ref, path).size_bytes or 0

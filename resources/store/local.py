@@ -245,6 +245,26 @@ class LocalVersionedStore(VersionedStore):
             raise RefNotFoundError(f"object {path!r} not found at ref {ref!r} in repository {self.repository!r}")
         return entry
 
+    def copy_object(self, src_ref: str, src_path: str, dest_branch: str, dest_path: str | None = None) -> ObjectInfo:
+        """The destination is staged with the source's blob: blobs are named by their content and
+        never rewritten (a write stores a new blob and points the path at it), so sharing one
+        moves no bytes and a later write to either path cannot change the other."""
+        dest_path = src_path if dest_path is None else dest_path
+        validate_ref_name(dest_branch, "branch")
+        validate_object_path(dest_path)
+        with self._locked():
+            # The destination first, as lakeFS checks it: a tag or commit id is no branch.
+            state = self._read_branch_or_none(dest_branch)
+            if state is None:
+                raise RefNotFoundError(
+                    f"copy of {src_path!r} to {dest_branch!r}: {dest_branch!r} is not a branch of repository "
+                    f"{self.repository!r}; copies are staged on a branch (not a tag or commit id): name one of "
+                    f"{sorted(self.list_branches())} or create it with create_branch({dest_branch!r})")
+            sha, size = self._entry(src_ref, src_path)
+            state["staged"][dest_path] = [sha, size]
+            self._write_branch(dest_branch, state["head"], state["staged"])
+        return ObjectInfo(path=dest_path, size_bytes=size, checksum=sha)
+
     def get_object(self, ref: str, path: str) -> bytes:
         sha, _ = self._entry(ref, path)
         return self._object_file(sha).read_bytes()

@@ -530,13 +530,22 @@ class LakeFSModel:
         self.tag(repo, tag)
         del repo.tags[tag]
 
-    def copy(self, repo: Repository, dest_branch: str, dest_path: str, src_ref: str, src_path: str) -> Entry:
-        """pkg/api/controller.go CopyObject (a full copy): same bytes, metadata and content
-        type at a new physical address, with a new mtime."""
-        self.branch(repo, dest_branch)
-        source = self.entry(repo, src_ref or dest_branch, src_path)
+    def copy(self, repo_id: str, dest_branch: str, dest_path: str, src_ref: str, src_path: str) -> Entry:
+        """pkg/api/controller.go CopyObject and pkg/catalog/catalog.go CopyEntry (a full copy):
+        the destination must be a branch (checked first: a tag or commit id is 404 "branch '<id>'
+        not found"), the source is read at ``src_ref`` (the destination branch when empty), and
+        the blockstore copies its bytes to a new physical address, so none are served. The copy
+        keeps the checksum, size, content type and user metadata, with a new mtime. Takes the
+        lock itself, as write_blob does: the blob is copied outside it (blobs never change)."""
+        with self.lock:
+            repo = self.repo(repo_id)
+            self.branch(repo, dest_branch)
+            source = self.entry(repo, src_ref or dest_branch, src_path)
+            namespace = repo.storage_namespace
         name = uuid.uuid4().hex
         shutil.copyfile(self.blob_file(source), self.blob_dir / name)
-        copied = replace(source, address=f"{repo.storage_namespace.rstrip('/')}/data/{name}", mtime=int(time.time()))
-        self.stage(repo, dest_branch, dest_path, copied, if_none_match=False)
+        copied = replace(source, address=f"{namespace.rstrip('/')}/data/{name}", mtime=int(time.time()))
+        with self.lock:
+            # lakeFS's CreateEntry: the branch may have gone while the bytes were copied.
+            self.stage(self.repo(repo_id), dest_branch, dest_path, copied, if_none_match=False)
         return copied

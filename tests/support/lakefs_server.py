@@ -502,12 +502,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {"errors": []})
 
     def copy_object(self, repo, branch, query, body):
+        """pkg/api/controller.go CopyObject: 201 with the copy's ObjectStats. The required
+        ``dest_path`` and ``src_path`` are checked first, by lakeFS's request validator
+        (pkg/api/serve.go, kin-openapi against api/swagger.yml), as 400s."""
         spec = self._body_json(body)
+        if "dest_path" not in query:
+            raise LakeFSError(400, 'parameter "dest_path" in query has an error: value is required but missing')
+        if not isinstance(spec.get("src_path"), str):
+            raise LakeFSError(400, 'request body has an error: doesn\'t match schema: Error at "/src_path": '
+                                   'property "src_path" is missing')
         if spec.get("shallow"):
             raise LakeFSError(501, "Not Implemented")  # pkg/api/apiutil/conditions.go BuildOptsFromParams
-        dest = query.get("dest_path", "")
-        entry = self.model.copy(self.model.repo(repo), branch, dest, spec.get("src_ref") or "",
-                                spec.get("src_path", ""))
+        dest = query["dest_path"]
+        entry = self.model.copy(repo, branch, dest, spec.get("src_ref") or "", spec["src_path"])
         self._json(201, stats_json(dest, entry))
 
     # --- commits, log, diff, merge --------------------------------------------------------------
@@ -655,5 +662,5 @@ ROUTES = [
         ("GET", r"/user", _Handler.current_user),
     ]
 ]
-STREAMING = {_Handler.upload_object, _Handler.get_object, _Handler.head_object}
+STREAMING = {_Handler.upload_object, _Handler.get_object, _Handler.head_object, _Handler.copy_object}
 
