@@ -433,7 +433,8 @@ class LakeFSVersionedStore(VersionedStore):
             # lakeFS answers 404 for both: "branch '<name>' not found" or the source's "not found".
             message = getattr(exc, "server_message", "")
             missing = (f"{dest_branch!r} is not a branch (copies are staged on a branch, not a tag or commit id)"
-                       if message.startswith("branch ") else f"{src_path!r} at {src_ref!r} does not exist (or that ref does not)")
+                       if message.startswith("branch ")
+                       else f"{src_path!r} at {src_ref!r} does not exist (or that ref does not)")
             error = RefNotFoundError(f"{what}: {missing} in lakeFS repository {self.repository!r} ({message})")
             error.http_status, error.server_message = 404, message  # type: ignore[attr-defined]
             raise error from None

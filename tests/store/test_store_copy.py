@@ -170,7 +170,8 @@ def test_the_test_server_answers_a_copy_as_lakefs_does(lakefs_server, repo):
                            f"application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n", data)
 
     assert post(MAIN, "?dest_path=c.bin", {"src_path": "a.bin", "src_ref": head})[0] == 201
-    assert post(MAIN, "?dest_path=c.bin", {"src_path": "nothing.bin", "src_ref": head}) == (404, {"message": "not found"})
+    assert post(MAIN, "?dest_path=c.bin", {"src_path": "nothing.bin", "src_ref": head}) == \
+        (404, {"message": "not found"})
     assert post("release1", "?dest_path=c.bin", {"src_path": "a.bin"}) == \
         (404, {"message": "branch 'release1' not found"})
     assert post(head, "?dest_path=c.bin", {"src_path": "a.bin"}) == (404, {"message": f"branch '{head}' not found"})
