@@ -85,13 +85,15 @@ class Published:
 
 
 def ingest_source(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[Any]] | None, chunks, out: Path, *,
-                  key: Mapping[str, str] | None, published: Published | None) -> Ingested:
+                  key: Mapping[str, str] | None, published: Published | None,
+                  hashes: Mapping[str, str] | None = None) -> Ingested:
     """``ingest.ingest_chunks``' result for the source, by its new rows alone where the proof
     holds (the module's docstring), with the record a later version builds on; ``how`` says which
-    and, for a full ingest, why."""
+    and, for a full ingest, why. ``hashes``: the files' sha256 already computed this run (for the
+    data key), by path (``str(path)``: two folders may hold files of one name), hashed again never."""
     why = "no published version to build on" if published is None else None
     if published is not None:
-        planned = plan(spec, chunks, suite, key, published.record)
+        planned = plan(spec, chunks, suite, key, published.record, hashes=hashes)
         if isinstance(planned, str):
             why = planned
         else:
@@ -103,7 +105,7 @@ def ingest_source(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence[A
     done = replace(done, how=f"every row read ({done.rows}): {why}")
     if not (done.report.passed and done.checker is not None and isinstance(chunks, SourceChunks)):
         return done
-    made, keys = record(spec, chunks, key, done, out.parent / "keys.parquet")
+    made, keys = record(spec, chunks, key, done, out.parent / "keys.parquet", hashes=hashes)
     return replace(done, record=made, keys=keys)
 
 
@@ -115,36 +117,59 @@ class Plan:
     sha256: str  # the last published file's sha256 now, whole (for the next version's record)
     new: list[Path]  # the files after the published ones
     record: dict
+    hashes: Mapping[str, str] | None = None  # the files' sha256 this run already computed, by path
 
 
 def record(spec: PipelineSpec, chunks: SourceChunks, key: Mapping[str, str] | None, ingested: Ingested,
-           keys_out: Path) -> tuple[dict, Path | None]:
+           keys_out: Path, hashes: Mapping[str, str] | None = None) -> tuple[dict, Path | None]:
     """(the record a passed full ingest leaves for a later version, its key table's file or None).
     A version that cannot be built on says why in ``not_appendable``."""
+    index = len(chunks.files) - 1
+    fixed = chunks.fixed.get(index) if ingested.reader == "arrow" else None  # a fallback leaves some behind
+    return record_of(key, [described(f, hashes) for f in chunks.files],
+                     file_end(spec, chunks.files[-1], fixed), ingested, keys_out)
+
+
+def record_of(key: Mapping[str, str] | None, files: list[dict], end: dict, ingested: Ingested,
+              keys_out: Path) -> tuple[dict, Path | None]:
+    """``record`` from the files' descriptions (``described``) and the last file's ``file_end``:
+    what a source ingested over several steps, each describing its own files, records."""
     last = ingested.last_chunk
     why = "no data key" if key is None else "no rows" if last is None else None
     if why:
         return {"version": RECORD_VERSION, "not_appendable": why}, None
-    files = [_described(f) for f in chunks.files]
-    index = len(chunks.files) - 1
-    fixed = chunks.fixed.get(index) if ingested.reader == "arrow" else None  # a fallback leaves some behind
-    return _record(key, files, last_file(spec, ingested.reader, chunks.files[-1], fixed), last, ingested,
-                   ingested.checker, keys_out)
+    return _record(key, files, last_file_of(ingested.reader, end), last, ingested, ingested.checker, keys_out)
 
 
-def _described(path: Path) -> dict:
-    return {"file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+def described(path: Path, hashes: Mapping[str, str] | None = None) -> dict:
+    """A source file as a record names it; its sha256 from ``hashes`` (by path) when it is there."""
+    sha256 = (hashes or {}).get(str(path)) or file_sha256(path)
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256}
+
+
+def file_end(spec: PipelineSpec, path: Path, fixed: dict | None) -> dict:
+    """What ``last_file`` needs of a source's last file, read where the file lies: its name, whether
+    Arrow applies to it, whether it ends at a line end, the types Arrow's first piece fixed (None
+    when Arrow did not read it). Plain data: a step that read the file hands it on."""
+    applies = arrow_csv.applies(spec, path)
+    return {"name": path.name, "applies": applies, "ends_line": _ends_line(path) if applies and fixed else None,
+            "fixed": fixed}
 
 
 def last_file(spec: PipelineSpec, reader: str, path: Path, fixed: dict | None) -> dict:
     """What rows appended to the source's last file are parsed with (its end, the types Arrow's
     first piece fixed), or why they cannot be ingested alone (``not_growable``)."""
-    if not arrow_csv.applies(spec, path):
-        why = f"{path.name} is not a CSV file Arrow read"
-    elif reader != "arrow" or not fixed:
+    return last_file_of(reader, file_end(spec, path, fixed))
+
+
+def last_file_of(reader: str, end: dict) -> dict:
+    """``last_file`` from the file's ``file_end`` and the reader of the whole source."""
+    if not end["applies"]:
+        why = f"{end['name']} is not a CSV file Arrow read"
+    elif reader != "arrow" or not end["fixed"]:
         why = f"read by {reader}, which infers types chunk by chunk"
     else:
-        return {"ends_line": _ends_line(path), "fixed": fixed, "not_growable": None}
+        return {"ends_line": end["ends_line"], "fixed": end["fixed"], "not_growable": None}
     return {"ends_line": None, "fixed": None, "not_growable": why}
 
 
@@ -169,34 +194,46 @@ def _ends_line(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def plan(spec: PipelineSpec, chunks, suite, key: Mapping[str, str] | None, published: dict) -> Plan | str:
-    """The proof's steps 1 and 2, and what of step 3 needs no parse: a Plan, or why not."""
-    if published.get("version") != RECORD_VERSION:
-        return (f"the published version left no ingest record of version {RECORD_VERSION} "
-                "(made before new rows or files were ingested alone)")
-    if published.get("not_appendable"):
-        return f"the published version cannot be appended to: {published['not_appendable']}"
-    if suite is None or key is None or not isinstance(chunks, SourceChunks):
+def plan(spec: PipelineSpec, chunks, suite, key: Mapping[str, str] | None, published: dict,
+         hashes: Mapping[str, str] | None = None) -> Plan | str:
+    """The proof's steps 1 and 2, and what of step 3 needs no parse: a Plan, or why not.
+    ``hashes``: as ``ingest_source``'s."""
+    why = premise(suite, key, published)
+    if why is not None:
+        return why
+    if not isinstance(chunks, SourceChunks):
         return "no source files, suite or data key to build on"
-    if (key["parameters"], key["code"]) != (published["parameters"], published["code"]):
-        return "the pipeline's parameters or the platform's ingest code changed since the published version"
     old, files = published["files"], chunks.files
     moved = _moved([o["file"] for o in old], [f.name for f in files])
     if moved:
         return moved
     for f, o in zip(files, old[:-1]):
-        if _changed(f, o):
+        if _changed(f, o, hashes):
             return (f"{f.name} changed since the published version ({o['bytes']} bytes then, {f.stat().st_size} "
                     "now, or other content): only the last published file may grow, and only by appended rows")
     last, new = files[len(old) - 1], files[len(old):]
-    grown = _grown(spec, last, old[-1], published)
+    grown = _grown(spec, last, old[-1], published, hashes)
     if isinstance(grown, str):
         return grown
     if grown is None and not new:
         return "the source's files are the published ones, unchanged"
     start, sha256 = grown if grown is not None else (old[-1]["bytes"], old[-1]["sha256"])
     return Plan(files=files, grown=last if grown is not None else None, start=start, sha256=sha256, new=new,
-                record=published)
+                record=published, hashes=hashes)
+
+
+def premise(suite, key: Mapping[str, str] | None, published: dict) -> str | None:
+    """The proof's step 1, and a record to build on, before any file is read: why not, or None."""
+    if published.get("version") != RECORD_VERSION:
+        return (f"the published version left no ingest record of version {RECORD_VERSION} "
+                "(made before new rows or files were ingested alone)")
+    if published.get("not_appendable"):
+        return f"the published version cannot be appended to: {published['not_appendable']}"
+    if suite is None or key is None:
+        return "no source files, suite or data key to build on"
+    if (key["parameters"], key["code"]) != (published["parameters"], published["code"]):
+        return "the pipeline's parameters or the platform's ingest code changed since the published version"
+    return None
 
 
 def _moved(old: list[str], now: list[str]) -> str | None:
@@ -215,15 +252,16 @@ def _moved(old: list[str], now: list[str]) -> str | None:
     return None
 
 
-def _changed(path: Path, published: dict) -> bool:
-    return path.stat().st_size != published["bytes"] or file_sha256(path) != published["sha256"]
+def _changed(path: Path, published: dict, hashes: Mapping[str, str] | None = None) -> bool:
+    return path.stat().st_size != published["bytes"] or described(path, hashes)["sha256"] != published["sha256"]
 
 
-def _grown(spec: PipelineSpec, path: Path, old: dict, published: dict) -> tuple[int, str] | str | None:
+def _grown(spec: PipelineSpec, path: Path, old: dict, published: dict,
+           hashes: Mapping[str, str] | None = None) -> tuple[int, str] | str | None:
     """(its published size, its sha256 now) when rows were appended to the last published file,
     None when it is unchanged, or why it changed otherwise than a whole parse can be proven on."""
     start, size = old["bytes"], path.stat().st_size
-    if size == start and file_sha256(path) == old["sha256"]:
+    if size == start and described(path, hashes)["sha256"] == old["sha256"]:
         return None
     if size <= start:
         return f"{path.name} did not grow ({start} bytes published, {size} now): edited, not appended"
@@ -336,7 +374,7 @@ def ingest_appended(spec: PipelineSpec, asset: str, suite: Mapping[str, Sequence
         return done
     grown = rec["files"][-1] if plan.grown is None else \
         {"file": plan.grown.name, "bytes": plan.grown.stat().st_size, "sha256": plan.sha256}
-    files = [*rec["files"][:-1], grown, *(_described(p) for p in plan.new)]
+    files = [*rec["files"][:-1], grown, *(described(p, plan.hashes) for p in plan.new)]
     tail = plan.new[-1] if plan.new else plan.grown
     last_file_ = last_file(spec, reader, tail, fixed[tail].get(0) if plan.new else rec["fixed"])
     record_, keys_file = _record({"parameters": rec["parameters"], "code": rec["code"]}, files, last_file_, shape,

@@ -64,7 +64,7 @@ def frame_sha256(frame: pd.DataFrame) -> str:
     return h.hexdigest()
 
 
-SPREAD_ONLY = ("parts_per_step",)  # source fields that say how the work is spread over steps, not what it makes
+SPREAD_ONLY = ("parts_per_step", "files_per_step")  # source fields that say how the work is spread over steps, not what it makes
 
 
 def parameters(spec: PipelineSpec) -> dict:

@@ -62,6 +62,35 @@ def splice(published: Path, keep: int, added: Path | None, out: Path) -> None:
         dst.write(encoded + struct.pack("<i", len(encoded)) + MAGIC)
 
 
+def join(parts: list[Path], out: Path) -> None:
+    """Write ``out``: every row group of ``parts``, in order, as bytes, with the footer one writer of
+    all their rows gives (each part written by the same writer settings and schema: a source's
+    groups of files ingested by steps of their own, assets/table_ingest_steps.py). One part is
+    copied as it is."""
+    if not parts:
+        raise SpliceError("no parts to join")
+    footers, ends = [], []
+    for part in parts:
+        with open(part, "rb") as f:
+            footer, end = _read_footer(f)
+        footers.append(footer)
+        ends.append(end)
+    groups, at = [], len(MAGIC)  # where the next part's row groups start in ``out``
+    for footer, end in zip(footers, ends):
+        groups += [_shifted(g, at - len(MAGIC)) for g in _field(footer, _ROW_GROUPS)[1]]
+        at += end - len(MAGIC)
+    for footer in footers[1:]:
+        _merged(footers[0], [], footer)  # refuses footers that differ but in their row groups
+    encoded = _encode_struct(_merged(footers[0], groups, footers[-1]))
+    with open(out, "wb") as dst:
+        dst.write(MAGIC)
+        for part, end in zip(parts, ends):
+            with open(part, "rb") as src:
+                src.seek(len(MAGIC))
+                _copy(src, dst, end - len(MAGIC))
+        dst.write(encoded + struct.pack("<i", len(encoded)) + MAGIC)
+
+
 def _read_footer(f: BinaryIO) -> tuple[list, int]:
     """(the file's FileMetaData decoded, where it starts)."""
     end = f.seek(-8, 2)

@@ -2,7 +2,8 @@
 
 Bodies stay short: each hands its work to plain functions and only wires store commits,
 data versions and metadata together. A table's shards asset is a graph of steps, its parts
-sharded over them (assets/table_shard_steps.py), as an image folder's and a text corpus's are.
+sharded over them (assets/table_shard_steps.py), as an image folder's and a text corpus's are; its raw
+dataset, when read from files, is one too, its files ingested over steps (assets/table_ingest_steps.py).
 """
 
 
@@ -15,6 +16,7 @@ import dagster as dg
 
 from assets import append, ingest, quality
 from assets.kinds import data_kind
+from assets.table_ingest_steps import appended_output, build_table_raw_asset, published_raw, put_raw
 from assets.table_shard_steps import build_table_shards_asset
 from assets.typed_data import build_typed_data_assets
 from assets.source import SourceError, iter_frame_chunks, iter_source_chunks
@@ -67,7 +69,13 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
     if kind is not None:  # an image folder or a text corpus
         return build_typed_data_assets(spec, kind, keys, source_commit_tag=SOURCE_COMMIT_TAG, checked=(
             _commit_checked, _gate, _replace_prefix, _publish_dataset, _check_dataset_owner, _link))
+    shards = build_table_shards_asset(spec, keys, (_commit_checked, _gate, _replace_prefix, _publish_dataset,
+                                                   _check_dataset_owner, _link))
+    if spec.source.loader is None:  # files: ingested over steps, a group of files each
+        return [build_table_raw_asset(spec, keys, source_commit_tag=SOURCE_COMMIT_TAG, checked=(
+            _commit_checked, _gate, _replace_prefix, _publish_dataset, _check_dataset_owner, _link)), shards]
 
+    # a loader function's frame: one step (it is one call, in one process)
     @dg.asset(key=keys["raw_dataset"], group_name=name, kinds={"parquet"}, retry_policy=TRANSIENT_RETRY,
               check_specs=[dg.AssetCheckSpec(RAW_CHECK, asset=keys["raw_dataset"], blocking=True,
                                              description="Great Expectations suite on the source as parsed.")],
@@ -85,7 +93,7 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                       ensure_run_branch(s, context.run_id), source_commit)
                 return
             context.log.info(not_reused_line(name, reuse, key))
-            published = _published_raw(s, name)
+            published = published_raw(s, name)
             try:
                 ingested = append.ingest_source(spec, f"{name}/raw_dataset", spec.expectations.raw(spec), chunks,
                                                 Path(tmp) / "data.parquet", key=key, published=published)
@@ -95,7 +103,7 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
             report = ingested.report
             branch = ensure_run_branch(s, context.run_id)
             if report.passed:  # otherwise only the evidence stays on the run branch; nothing reaches main
-                _put_raw(s, branch, name, ingested)
+                put_raw(s, branch, name, ingested)
             s.put_object(branch, ingest.dataset_prefix(name) + "raw/sources.json",
                          json.dumps(sources, indent=2, sort_keys=True).encode())
         commit_id = _commit_checked(context, s, branch, platform, report, "raw_dataset",
@@ -103,15 +111,13 @@ def _data_assets(spec: PipelineSpec) -> list[dg.AssetsDefinition]:
                                     source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": ingested.rows,
                  "branch": branch, "source_commit": source_commit, "checks": report.summary(), "data_key": key,
-                 **_appended(ingested, published)}
+                 **appended_output(ingested, published)}
         yield dg.Output(value, data_version=dg.DataVersion(commit_id), metadata={
             "commit_id": commit_id, "rows": ingested.rows, "columns": ingested.columns,
             "sources": dg.MetadataValue.json(sources), "store_link": _link(s, commit_id),
             **({"source_commit": source_commit} if source_commit else {})})
         yield from _gate(context, report, keys["raw_dataset"], RAW_CHECK, commit_id, branch)
 
-    shards = build_table_shards_asset(spec, keys, (_commit_checked, _gate, _replace_prefix, _publish_dataset,
-                                                   _check_dataset_owner, _link))
     return [raw_dataset, shards]
 
 
@@ -231,38 +237,6 @@ def _source_chunks(context, spec: PipelineSpec, store, sources_root: Path, tmp: 
         return iter_source_chunks(spec, files, rows), described, place.commit
     except SourceError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
-
-
-def _appended(ingested: ingest.Ingested, published: append.Published | None) -> dict:
-    """``{"appended": the published copy's rows and files}`` when the raw copy is the published one
-    with rows appended (its first rows those rows, unchanged: assets/append.py), which lets the
-    shards' plan keep parts without reading them (assets/table_shard_steps.py); else nothing."""
-    if published is None or ingested.appended_to is None:
-        return {}
-    return {"appended": {"rows": published.record["rows"], "files": published.record["files"]}}
-
-
-def _published_raw(store, name: str) -> append.Published | None:
-    """The ingest record of the raw copy on main, which an appended source builds on; None before
-    the first version."""
-    try:
-        record = json.loads(store.get_object(MAIN, ingest.ingest_record_path(name)))
-    except RefNotFoundError:
-        return None
-    return append.Published(record=record, fetch=lambda path, dest: store.download(MAIN, path, dest))
-
-
-def _put_raw(store, branch: str, name: str, ingested: ingest.Ingested) -> None:
-    """The raw copy and its ingest record; the key table beside it, or none (the run branch holds
-    main's: a stale one must not outlive the raw copy it describes)."""
-    store.put_file(branch, ingest.raw_path(name), ingested.path)
-    record = ingested.record or {"version": append.RECORD_VERSION,
-                                 "not_appendable": "no ingest record (a loader's frame, or no suite)"}
-    store.put_object(branch, ingest.ingest_record_path(name), json.dumps(record, indent=1, sort_keys=True).encode())
-    if ingested.keys is not None:
-        store.put_file(branch, ingest.keys_path(name), ingested.keys)
-    elif store.exists(branch, ingest.keys_path(name)):
-        store.delete_object(branch, ingest.keys_path(name))
 
 
 def _publish_dataset(context, store, branch: str, platform: PlatformSettings, name: str, commit_id: str) -> str:

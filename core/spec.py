@@ -48,6 +48,11 @@ class Source:
     # Kubernetes: assets/table_shard_steps.py. 16 keeps a table under about 1 GB of features one
     # step, as fast as a single-step build; not part of the data version.
     parts_per_step: int = 16
+    # Source files parsed, checked and converted per Dagster step of the raw ingest, in the
+    # source's order (assets/table_ingest_steps.py); a file is never split. 16 keeps a source of
+    # up to 16 files (a day's or a month's of daily files) one step, as fast as before; not part
+    # of the data version.
+    files_per_step: int = 16
 
     def describe(self) -> str:
         if self.loader is not None:
@@ -402,6 +407,9 @@ class PipelineSpec:
             _fail(n, "source.chunk_mb", f"must be positive, got {self.source.chunk_mb}")
         if not isinstance(self.source.parts_per_step, int) or self.source.parts_per_step < 1:
             _fail(n, "source.parts_per_step", f"{self.source.parts_per_step!r}: give a whole number of parts a step, "
+                  "at least 1")
+        if not isinstance(self.source.files_per_step, int) or self.source.files_per_step < 1:
+            _fail(n, "source.files_per_step", f"{self.source.files_per_step!r}: give a whole number of files a step, "
                   "at least 1")
         if self.feature_shape is not None:
             size = 1

@@ -140,25 +140,51 @@ class ChunkedRawSuite:
         return e
 
     def add(self, chunk: pd.DataFrame) -> None:
+        self.take(self.observe(chunk))
+
+    def observe(self, chunk: pd.DataFrame) -> dict:
+        """What ``add`` learns of one chunk, before it is added to the sums: each per-chunk
+        expectation's outcome (with its element and missing counts), the chunk's key columns (None
+        for one the chunk lacks), its class counts and rows. Plain data (it pickles), so a step that
+        reads some of the source's files can hand its chunks' observations to a step that adds them
+        all, in the source's order, with ``take``: the verdicts are then those of one pass
+        (assets/table_ingest_steps.py)."""
         tables = chunk_tables(self.feature_columns, chunk, self.label_columns)
+        outcomes = {}
         for table, merged in self._per_chunk.items():
             if merged:
                 results = self.runner.validate(table, [m.expectation for _, m in merged], tables[table])
-                for (_, m), (outcome, result) in zip(merged, results):
-                    m.add(outcome, result)
+                outcomes[table] = [(outcome, {"element_count": result.get("element_count"),
+                                              "missing_count": result.get("missing_count")})
+                                   for outcome, result in results]
+        keys = {}
         for name in self._key_columns:
             cols = self._hashes.get(name, [name])
             if not set(cols) <= set(chunk.columns):
-                self._absent.add(name)  # the check then fails on the key table as on the whole frame
-            elif name not in self._absent:
-                self._keys[name].append(
-                    pd.util.hash_pandas_object(chunk[cols], index=False).to_numpy(np.uint64)
-                    if name in self._hashes else chunk[name].to_numpy())
+                keys[name] = None  # the check then fails on the key table as on the whole frame
+            else:
+                keys[name] = (pd.util.hash_pandas_object(chunk[cols], index=False).to_numpy(np.uint64)
+                              if name in self._hashes else chunk[name].to_numpy())
+        counts = None
         if self.task == "multilabel":
-            self.counts = self.counts.add(positive_counts(self.label_columns, chunk), fill_value=0).astype("int64")
+            counts = positive_counts(self.label_columns, chunk)
         elif self.task != "regression":
-            self.counts = self.counts.add(label_counts(self.label_column, chunk), fill_value=0).astype("int64")
-        self.rows += len(chunk)
+            counts = label_counts(self.label_column, chunk)
+        return {"outcomes": outcomes, "keys": keys, "counts": counts, "rows": len(chunk)}
+
+    def take(self, seen: dict) -> None:
+        """Add one chunk's ``observe``: as ``add`` of that chunk would, here."""
+        for table, merged in self._per_chunk.items():
+            for (_, m), (outcome, result) in zip(merged, seen["outcomes"].get(table, ())):
+                m.add(outcome, result)
+        for name, values in seen["keys"].items():
+            if values is None:
+                self._absent.add(name)
+            elif name not in self._absent:
+                self._keys[name].append(values)
+        if seen["counts"] is not None:
+            self.counts = self.counts.add(seen["counts"], fill_value=0).astype("int64")
+        self.rows += seen["rows"]
 
     def key_table(self) -> pd.DataFrame:
         """One row per source row, with only the columns the whole-table expectations name."""
