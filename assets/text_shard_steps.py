@@ -6,9 +6,9 @@ left, the new parts, is what costs: tokenizing a billion documents in one step w
 for the whole corpus, and one failure would redo all of it. So the asset is a graph (Dagster's
 ``graph_asset``) of three ops, as an image folder's is (assets/image_shard_steps.py):
 
-- ``plan`` reads the raw copy's ids and text hashes (every document, so it downloads the copy
-  whole: training a BPE tokenizer reads the training split's texts a second time, from local
-  disk rather than the store) and settles the tokenizer: the byte one, the
+- ``plan`` reads the raw copy's ids, text hashes and labels, by ranged reads of those columns
+  alone (the texts stay in the store; training a BPE tokenizer here reads the training split's
+  texts too) and settles the tokenizer: the byte one, the
   published BPE ``tokenizer.json`` while ``tokenizer``, ``vocab_size`` and ``function`` are
   unchanged, or a BPE one trained here, once, on the whole training split, and staged on the run's
   branch so every group encodes with the same file. It then cuts the parts (their keys hold the
@@ -42,7 +42,7 @@ import dagster as dg
 from assets.shard_steps import carry_raw_commit, step_groups
 from assets.kinds import text_store
 from assets.kinds.image_store import put_shards, strip_carried
-from assets.kinds.text import RAW_NAME, TextPlan, TextSharder, part_from_dict, part_to_dict, previous_parts, \
+from assets.kinds.text import TextPlan, TextSharder, part_from_dict, part_to_dict, previous_parts, \
     text_manifest, tokenizer_of
 from assets.kinds.text_shard_checks import check_part_files
 from assets.kinds.text_tokens import TOKENIZER_FILE
@@ -102,14 +102,18 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
         with tempfile.TemporaryDirectory(prefix="text-plan-") as tmp:
             tmp = Path(tmp)
             published = text_store.published_shards(s, spec, shard_prefix, tmp)
-            raw_file = s.download(raw["commit_id"], raw["path"], tmp / RAW_NAME)
-            sharder = TextSharder(spec, raw_file, tmp / "out", salt=text_store.part_salt(raw.get("data_key")),
-                                  previous=published.manifest, tokenizer_file=published.tokenizer_file)
-            try:
-                planned, _ = sharder.plan()
-                kept = set(previous_parts(published.manifest))
-            except ValueError as exc:
-                raise cannot_shard(exc) from exc
+            # Ranged reads: the ids and text hashes (and labels), not the texts; the texts of the
+            # training split only when a BPE tokenizer is trained here
+            with s.open_object(raw["commit_id"], raw["path"]) as source:
+                sharder = TextSharder(spec, source, tmp / "out", salt=text_store.part_salt(raw.get("data_key")),
+                                      previous=published.manifest, tokenizer_file=published.tokenizer_file)
+                try:
+                    planned, _ = sharder.plan()
+                    kept = set(previous_parts(published.manifest))
+                except ValueError as exc:
+                    raise cannot_shard(exc) from exc
+            read = f"{source.bytes_fetched} of the raw copy's {source.size()} byte(s) read in {source.requests} " \
+                   "ranged request(s)"
             tokenizer = None
             if planned.files:  # a BPE tokenizer: every group encodes with this very file
                 path = shard_prefix + planned.header["tokenizer"].get("path", TOKENIZER_FILE)
@@ -123,7 +127,8 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
         how = ("kept from the published version" if published.tokenizer_file is not None
                else "trained on the training split and staged" if tokenizer else "bytes")
         context.log.info(f"{name}: {sum(map(len, groups))} of {len(planned.parts)} part(s) to tokenize, in "
-                         f"{len(groups)} step(s) of up to {spec.source.parts_per_step}; tokenizer: {how}")
+                         f"{len(groups)} step(s) of up to {spec.source.parts_per_step}; tokenizer: {how}; "
+                         f"planned from the raw copy ({read})")
         yield dg.Output({"header": planned.header, "parts": [part_to_dict(p) for p in planned.parts],
                          "documents": planned.documents, "files": planned.files, "tokenizer": tokenizer,
                          "published": published.commit if published.manifest is not None else None}, "plan")

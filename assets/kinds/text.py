@@ -45,7 +45,7 @@ from assets.kinds.text_pack import (
     lm_columns,
 )
 from assets.kinds.text_append import PublishedCorpus, ingest_corpus
-from assets.kinds.text_ingest import TextRawData
+from assets.kinds.text_ingest import TEXT_SHA256, TextRawData
 from assets.kinds.text_quality import class_names_of
 from assets.kinds.text_shard_checks import check_text_shards
 from assets.kinds.text_tokens import (
@@ -163,11 +163,16 @@ class TextSharder:
     def _members(self) -> tuple[list[tuple[str, str, str | None]], np.ndarray]:
         """Every document's (id, sha256 of its text, label) in raw-copy order, and its split code."""
         members, codes = [], []
-        columns = ["id", "text", "label"] if self.labelled else ["id", "text"]
+        # a raw copy that holds each text's sha256 is read for its ids and hashes alone (by ranged
+        # reads from the store in text_shard_steps.py: a small share of the copy); a copy written
+        # before that column has its texts hashed here
+        hashed = TEXT_SHA256 in self.raw.schema_arrow.names
+        columns = ["id", TEXT_SHA256 if hashed else "text"] + (["label"] if self.labelled else [])
         for frame, split_codes in self._row_groups(columns):
             labels = frame["label"].tolist() if self.labelled else [None] * len(frame)
-            members += [(i, hashlib.sha256(t.encode()).hexdigest(), label)
-                        for i, t, label in zip(frame["id"].tolist(), frame["text"].tolist(), labels)]
+            digests = ([d.hex() for d in frame[TEXT_SHA256].tolist()] if hashed
+                       else [hashlib.sha256(t.encode()).hexdigest() for t in frame["text"].tolist()])
+            members += list(zip(frame["id"].tolist(), digests, labels))
             codes.append(split_codes)
         return members, (np.concatenate(codes) if codes else np.zeros(0, dtype=np.int8))
 

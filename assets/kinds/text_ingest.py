@@ -4,13 +4,16 @@ new documents alone builds on (text_append.py).
 The documents are read ``docs_per_chunk`` at a time (text_read.py), in the raw copy's order (files
 by path, lines in file order); each chunk is checked (text_quality.py ``DocumentExpectations``) and
 its accepted documents written as one row group of ``documents.parquet``: ``id`` ("<file>:<line>"
-or "<file>"), ``text``, ``label`` (classification only) and ``chars``. A chunk's bounds depend only
-on how many documents came before it, which is what lets new documents be chunked, checked and
-written after a published copy's as this whole read would (text_append.py).
+or "<file>"), ``text_sha256`` (what a part's key is made of, so the shards' plan reads ids and
+hashes rather than every text), ``label`` (classification only), ``chars`` and ``text``. A
+chunk's bounds depend only on how many documents came before it, which is what lets new
+documents be chunked, checked and written after a published copy's as this whole read would
+(text_append.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -29,6 +32,7 @@ from core.spec import PipelineSpec
 # code changes the data key's ``code`` too, assets/data_key.py DATA_CODE "assets/kinds", so a
 # version is never built on a record another ingest wrote.)
 RECORD_VERSION = 1
+TEXT_SHA256 = "text_sha256"  # the raw copy's column of each document's text sha256
 
 
 @dataclass(frozen=True)
@@ -169,19 +173,26 @@ class RawCopyWriter:
     """documents.parquet, one row group per chunk of accepted documents."""
 
     def __init__(self, path: Path, labelled: bool):
-        fields = [("id", pa.string()), ("text", pa.large_string())]
+        # each text's sha256 (its 32 bytes, of the UTF-8 text) is what a part's key is made of: kept
+        # here so the shards' plan reads ids, hashes and labels, not every text. They come first
+        # and the texts last, so in each row group the plan's columns lie together and one range
+        # reads them (pyarrow joins ranges with small holes; a text column between them would be
+        # read whenever it is small)
+        fields = [("id", pa.string()), (TEXT_SHA256, pa.binary(32))]
         fields += [("label", pa.string())] if labelled else []
-        self.schema = pa.schema([*fields, ("chars", pa.int64())])
+        self.schema = pa.schema([*fields, ("chars", pa.int64()), ("text", pa.large_string())])
         self.labelled = labelled
         self._writer = pq.ParquetWriter(path, self.schema, compression="zstd")
 
     def write(self, documents: list[Document]) -> None:
         if not documents:
             return
-        columns = {"id": [d.id for d in documents], "text": [d.text for d in documents]}
+        columns = {"id": [d.id for d in documents],
+                   TEXT_SHA256: [hashlib.sha256(d.text.encode()).digest() for d in documents]}
         if self.labelled:
             columns["label"] = [d.label for d in documents]
         columns["chars"] = [len(d.text) for d in documents]
+        columns["text"] = [d.text for d in documents]
         self._writer.write_table(pa.Table.from_pydict(columns, schema=self.schema), row_group_size=len(documents))
 
     def __enter__(self) -> "RawCopyWriter":

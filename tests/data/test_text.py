@@ -5,6 +5,7 @@ classification corpus, and every kind of bad input refused with the file and the
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import random
@@ -122,7 +123,9 @@ def test_lm_shards_hold_the_whole_stream_in_full_windows(tmp_path):
     raw = ingest(spec, tmp_path, corpus)
     assert raw.report.passed, raw.report.failures
     assert pq.ParquetFile(raw.path).num_row_groups == 6  # 7 documents a chunk: the stream spans row groups
-    assert pq.read_schema(raw.path).names == ["id", "text", "chars"]
+    assert pq.read_schema(raw.path).names == ["id", "text_sha256", "chars", "text"]
+    copy = pd.read_parquet(raw.path)  # each text's sha256, the 32 bytes a part's key is made of
+    assert [bytes(d) for d in copy["text_sha256"]] == [hashlib.sha256(t.encode()).digest() for t in copy["text"]]
     manifest = TEXT.shard(spec, raw.path, tmp_path / "shards")
     assert [c["name"] for c in manifest["columns"]] == ["tokens", "id"]
     assert manifest["columns"][0] == {"name": "tokens", "kind": "ndarray", "role": "input", "dtype": "uint16",
@@ -283,7 +286,7 @@ def test_a_jsonl_corpus_becomes_a_classification_dataset(platform):
             assert classes[int(shard.arrays["label"][i])] == record["label"]
     raw_copy = pd.read_parquet(store.download("main", "datasets/reviews/raw/documents.parquet",
                                               platform.root / "documents.parquet"))
-    assert list(raw_copy.columns) == ["id", "text", "label", "chars"] and raw_copy["id"].tolist() == list(by_id)
+    assert list(raw_copy.columns) == ["id", "text_sha256", "label", "chars", "text"] and raw_copy["id"].tolist() == list(by_id)
     raw_report = json.loads(store.get_object("main", "datasets/reviews/validation/raw_dataset.json"))
     shares = next(r for r in raw_report["results"] if r["expectation"] == "report_class_shares")["observed"]
     assert shares == {c: pytest.approx(1 / 3, abs=1e-5) for c in classes}
