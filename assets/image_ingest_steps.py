@@ -8,7 +8,10 @@ is a graph (Dagster's ``graph_asset``) of three ops, the stages of assets/kinds/
   whole kept, the other images cut into new parts, and those in groups of
   ``source.parts_per_step`` (the knob the shards graph uses: a step's share of reading is then a
   step's share of sharding), one dynamic output each (Dagster's ``DynamicOut``). A run whose data
-  a published version already holds ends here (its reuse is decided before anything is decoded);
+  a published version already holds ends here (its reuse is decided before anything is decoded).
+  A folder in the store's ``sources/`` area is listed and labelled from the store's listing, and
+  only its files that are new or changed since the newest version are downloaded, to hash them
+  (assets/source_hashes.py): the plan of a 1 % edit reads 1 % of the folder, not all of it;
 - ``ingest_parts``, mapped over the groups: each is a step of its own (a pod of its own with the
   Kubernetes executor), with the transient retry policy, so a failed group is retried alone. It
   decodes and checks its images on the worker pool, writes each part's raw copy and rows table,
@@ -37,8 +40,10 @@ import dagster as dg
 
 from assets import ingest
 from assets.kinds.image_ingest import NewPart
+from assets.kinds.image_listing import StoreListing
 from assets.kinds.image_store import parts_line, previous_parts, put_raw, unstage
 from assets.reuse import not_reused_line, reused_raw
+from assets.source_hashes import record_bytes, record_path
 from assets.source_place import SOURCES_PREFIX
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
@@ -72,20 +77,20 @@ def build_image_raw_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey]
         check_owner(s, spec)
         with tempfile.TemporaryDirectory(prefix="raw-plan-") as tmp:
             src = located_sources(context, spec, s, platform.sources_root, Path(tmp), source_commit_tag)
-            files, root, source_commit, data, reuse = src.files, src.root, src.source_commit, src.key, src.reuse
+            source_commit, data, reuse = src.source_commit, src.key, src.reuse
             if reuse.tag is not None:  # the newest version holds this very data: nothing to decode
                 yield dg.Output({"reuse": reuse, "source_commit": source_commit}, "plan")
                 return
             context.log.info(not_reused_line(name, reuse, data))
             previous = previous_parts(s, reuse.newest_commit, raw_prefix, Path(tmp))
-            made = kind.plan_ingest(spec, files, root, salt=data["parameters"] + data["code"],
-                                    hashes=src.hashes,
-                                    previous=previous)
+            made = kind.plan_ingest(spec, _listing(s, src), src.root, salt=data["parameters"] + data["code"],
+                                    hashes=src.hashes, previous=previous)
         groups = ingest_groups(made.new, spec.source.parts_per_step)
         context.log.info(f"{name}: {len(made.kept)} part(s) kept from {reuse.newest or 'no previous version'}, "
                          f"{len(made.new)} new part(s) ({sum(p.record['images'] for p in made.new)} images) to "
                          f"ingest in {len(groups)} step(s) of up to {spec.source.parts_per_step}")
         yield dg.Output({"plan": made.without_entries(), "source_commit": source_commit, "data_key": data,
+                         "source_hashes": src.record,
                          "previous_commit": reuse.newest_commit if previous else None,
                          "previous_tag": reuse.newest if previous else None}, "plan")
         for i, group in enumerate(groups):
@@ -142,6 +147,8 @@ def build_image_raw_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey]
             else:  # only the evidence stays on the run branch, as when one step ingests
                 unstage(s, branch, staged)
             s.put_object(branch, raw_prefix + "sources.json", json.dumps(raw.sources, indent=2, sort_keys=True).encode())
+            if planned.get("source_hashes"):  # the store's files: the next plan hashes only the ones that change
+                s.put_object(branch, record_path(name), record_bytes(planned["source_hashes"]))
         commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
                                    f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": raw_store_path, "rows": raw.rows, "branch": branch,
@@ -162,6 +169,16 @@ def build_image_raw_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKey]
         return publish(planned, made)
 
     return raw_dataset
+
+
+def _listing(store, src) -> list[Path] | StoreListing:
+    """What the plan lists: a local folder's files, or the store's listing (names and sizes as
+    described), so that no image is downloaded by the plan but the new or changed ones the data
+    key hashed; a manifest is downloaded when listed (once: ``ReadSources.download``)."""
+    if src.source_commit is None:
+        return src.read.files(store)
+    return StoreListing(tuple((d["file"], d["bytes"]) for d in src.described),
+                        fetch=lambda name: src.read.download(store, name))
 
 
 def _fetched(store, group: dict, dest: Path) -> list[NewPart]:

@@ -202,6 +202,8 @@ def source_data_key(spec: PipelineSpec, store, sources_root: Path, commit: str |
     place = locate_sources(spec, store, sources_root, commit or store.resolve_ref(MAIN))
     if data_kind(spec) is None:
         return data_key(spec, table_descriptions(spec, place)), place.describe()
+    from assets.source_hashes import read_sources
+
+    # the store's files that the newest version read are not downloaded again (assets/source_hashes.py)
     with tempfile.TemporaryDirectory(prefix="source-key-") as tmp:
-        files, root = typed_source_files(spec, store, place, Path(tmp))
-        return data_key(spec, describe_files(files, root)), place.describe()
+        return data_key(spec, read_sources(spec, store, place, Path(tmp)).described), place.describe()

@@ -20,7 +20,8 @@ from assets.data_key import data_key
 from assets.kinds import DataKind
 from assets.reuse import not_reused_line, reused_raw
 from assets.source import SourceError
-from assets.source_place import describe_files, locate_sources, typed_source_files
+from assets.source_hashes import ReadSources, read_sources, record_bytes, record_path
+from assets.source_place import SourcePlace, locate_sources
 from core.datasets import Reuse, reusable_version
 from core.spec import PipelineSpec
 from ops.runs import TRANSIENT_RETRY, ensure_run_branch
@@ -54,14 +55,14 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
         check_owner(s, spec)
         with tempfile.TemporaryDirectory(prefix="raw-") as tmp:
             src = located_sources(context, spec, s, platform.sources_root, Path(tmp), source_commit_tag)
-            files, root, source_commit, key, reuse = src.files, src.root, src.source_commit, src.key, src.reuse
+            root, source_commit, key, reuse = src.root, src.source_commit, src.key, src.reuse
             if reuse.tag is not None:  # the newest version holds this very data: nothing to make
                 yield from reused_raw(context, s, keys["raw_dataset"], "raw_expectations", name, reuse,
                                       raw_store_path, ensure_run_branch(s, context.run_id), source_commit)
                 return
             context.log.info(not_reused_line(name, reuse, key))
             # a text corpus: by its new documents alone when it is the published one grown
-            raw = kind.ingest(spec, files, root, Path(tmp) / kind.raw_name, key=key,
+            raw = kind.ingest(spec, src.files(s), root, Path(tmp) / kind.raw_name, key=key,
                               hashes=src.hashes,
                               published=published_corpus(s, name, reuse.newest_commit, raw_store_path))
             context.log.info(f"{name}: {raw.how}")
@@ -71,6 +72,8 @@ def build_typed_data_assets(spec: PipelineSpec, kind: DataKind, keys: dict[str, 
                 s.put_object(branch, ingest.ingest_record_path(name), json.dumps(
                     raw.record or {"not_appendable": "no ingest record"}, indent=1, sort_keys=True).encode())
             s.put_object(branch, prefix + "raw/sources.json", json.dumps(raw.sources, indent=2, sort_keys=True).encode())
+            if src.record:  # the store's files: the next run hashes only the ones that change
+                s.put_object(branch, record_path(name), record_bytes(src.record))
         commit_id = commit_checked(context, s, branch, platform, raw.report, "raw_dataset",
                                    f"Ingest raw data of {name}", rows=str(raw.rows), source_commit=source_commit or "")
         value = {"dataset": name, "commit_id": commit_id, "path": raw_store_path, "rows": raw.rows, "branch": branch,
@@ -106,42 +109,62 @@ def published_corpus(store, name: str, commit: str | None, raw_path: str):
 class LocatedSources:
     """Where a run of an image folder or a text corpus reads, and whether it has anything to make."""
 
-    files: list[Path]
-    root: Path  # the folder they lie under
-    source_commit: str | None  # the store commit they came from, None for a local folder
-    described: list[dict]  # each file's name, size and sha256 (describe_files)
+    place: SourcePlace
+    read: ReadSources  # the files, described (the store's hashed only where new or changed)
     key: dict  # the data key (assets/data_key.py)
     reuse: Reuse  # the newest version, and whether it holds this very data
 
     @property
+    def root(self) -> Path:
+        """The folder the files are named under (the store's are downloaded there)."""
+        return self.read.root
+
+    @property
+    def source_commit(self) -> str | None:
+        """The store commit the files come from, None for a local folder."""
+        return self.read.commit
+
+    @property
+    def described(self) -> list[dict]:
+        return self.read.described
+
+    @property
+    def record(self) -> dict[str, dict]:
+        """What the version records of the store's files (``raw/source_hashes.json``); empty for a local folder."""
+        return self.read.record
+
+    @property
     def hashes(self) -> dict[str, str]:
-        """Each file's sha256, by name, as described (hashed once per run)."""
+        """Each file's sha256, by name, as described (hashed once per run, or taken from the newest version)."""
         return {d["file"]: d["sha256"] for d in self.described if "sha256" in d}
+
+    def files(self, store) -> list[Path]:
+        """Every file, for a kind that reads them all: the store's downloaded now, but for those
+        downloaded to be hashed."""
+        return self.read.files(store)
 
 
 def located_sources(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,
                     source_commit_tag: str) -> LocatedSources:
-    """The source's files (``source_files``), described, their data key, and what the newest
-    version of the dataset holds: what every kind's raw asset (or its plan step) starts from."""
-    files, root, source_commit = source_files(context, spec, store, sources_root, tmp, source_commit_tag)
-    described = describe_files(files, root)
-    key = data_key(spec, described)
-    return LocatedSources(files, root, source_commit, described, key, reusable_version(store, spec.name, key))
-
-
-def source_files(context, spec: PipelineSpec, store, sources_root: Path, tmp: Path,
-                 source_commit_tag: str) -> tuple[list[Path], Path, str | None]:
-    """(files, the root they lie under, the store commit they came from or None).
+    """The source's files described, their data key, and what the newest version of the dataset
+    holds: what every kind's raw asset (or its plan step) starts from.
 
     As for tables: the store's ``sources/`` area at the run's pinned commit when files there match,
     else the local sources folder; absolute corpus paths as they are (assets/source_place.py). The
-    log names the place read. Symbolic links are listed, not followed: the kind refuses one that
-    leads outside the root. Missing files are bad input: the run stops at once, not retried.
+    log names the place read. The store's files that the newest version read, unchanged, are not
+    downloaded (assets/source_hashes.py): a run that reuses a version reads none of them. Symbolic
+    links are listed, not followed: the kind refuses one that leads outside the root. Missing
+    files are bad input: the run stops at once, not retried.
     """
     place = locate_sources(spec, store, sources_root, context.run.tags.get(source_commit_tag) or store.resolve_ref(MAIN))
     (context.log.warning if place.hidden else context.log.info)(place.describe())
     try:
-        files, root = typed_source_files(spec, store, place, tmp)
+        read = read_sources(spec, store, place, tmp)
     except SourceError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
-    return files, root, place.commit
+    if read.in_store:
+        context.log.info(f"{spec.name}: {len(read.fetched)} of the store's {len(read.objects)} source file(s) "
+                         "downloaded and hashed (new or changed since the newest version); the others' sha256 "
+                         "taken from its record")
+    key = data_key(spec, read.described)
+    return LocatedSources(place, read, key, reusable_version(store, spec.name, key))

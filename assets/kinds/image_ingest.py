@@ -28,7 +28,7 @@ from PIL import Image
 
 from assets.kinds.base import RawData
 from assets.kinds.image_decode import FORMAT_OF_EXTENSION, ImageInfo
-from assets.kinds.image_listing import Entry, Problems, list_entries
+from assets.kinds.image_listing import Entry, Problems, StoreListing, list_entries
 from assets.kinds.image_parts import INDEX_NAME, index, intact, raw_part_path, rows_part_path, split_into_parts
 from assets.kinds.image_pool import WorkerPool, inspect_task, task_size, workers_for
 from assets.quality.chunked import ChunkedRawSuite
@@ -149,11 +149,12 @@ class IngestPlan:
         return dataclasses.replace(self, new=[NewPart(p.record) for p in self.new])
 
 
-def plan_ingest(spec: PipelineSpec, files: list[Path], root: Path, *, salt: str = "",
+def plan_ingest(spec: PipelineSpec, files: list[Path] | StoreListing, root: Path, *, salt: str = "",
                 hashes: Mapping[str, str] | None = None, previous: PreviousParts | None = None) -> IngestPlan:
     """List and label the files, hash them (``hashes``: the sha256 the data key has read, by path
     under ``root``), keep the parts of ``previous`` whose images are all still there, unchanged, and
-    cut the other images into new parts. Nothing is decoded here."""
+    cut the other images into new parts. Nothing is decoded here. ``files``: local files, or the
+    store's listing, whose images are not downloaded here (``hashes`` must then name each)."""
     src: ImageFolder = spec.source
     problems = Problems(src.root)
     sources: dict[str, dict] = {}

@@ -1,10 +1,14 @@
 """Which images an image folder holds and the label of each: from class sub-folders, or from a
-manifest. Only paths and names are read here; the images themselves are checked on the pool."""
+manifest. Only paths and names are read here; the images themselves are checked on the pool.
+
+A local folder is listed by its files (links and all); the store's ``sources/`` area by its
+listing (``StoreListing``): names and sizes, with nothing downloaded but a manifest."""
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -72,42 +76,79 @@ def normalised_relative(path: str) -> str | None:
     return p.as_posix()
 
 
-def list_entries(spec: PipelineSpec, files: list[Path], root: Path, problems: Problems,
+@dataclass(frozen=True)
+class StoreListing:
+    """An image folder's files as the store lists them, none downloaded: ``files``, each file's
+    name under the sources root (where it is downloaded to) and size. A store holds no links and
+    no empty folders. ``fetch(name)`` downloads one file under the root and gives its path: only
+    the manifest is read here."""
+
+    files: tuple[tuple[str, int], ...]
+    fetch: Callable[[str], Path]
+
+
+def list_entries(spec: PipelineSpec, files: Sequence[Path] | StoreListing, root: Path, problems: Problems,
                  sources: dict[str, dict]) -> list[Entry]:
-    """The images among ``files`` (all under ``root``) with their labels. Refused files are
-    reported to ``problems``; every file gets a description in ``sources``."""
+    """The images among ``files`` (all under ``root``; local files, or the store's listing) with
+    their labels. Refused files are reported to ``problems``; every file gets a description in
+    ``sources``. An entry of the store's listing is to be read at its path under ``root``, once
+    downloaded there."""
     src: ImageFolder = spec.source
     folder = root / src.root
     manifest_id = normalised_relative(src.manifest) if src.manifest else None
-    root_real = root.resolve()
     extensions = {e.lower() for e in src.extensions}
     candidates: dict[str, tuple[Path, str]] = {}
     refused: set[str] = set()
     manifest: Path | None = None
     root_prefix, folder_prefix = str(root).rstrip(os.sep) + os.sep, str(folder).rstrip(os.sep) + os.sep
-    real_dirs: dict[Path, Path] = {}  # a folder's resolved path, found once for all its files
-    for f in files:
-        st = f.lstat()
-        link = stat.S_ISLNK(st.st_mode)
+    in_store = isinstance(files, StoreListing)
+    for f, size, link, problem_of in (_store_files(files, root) if in_store else _local_files(files, root)):
         key = _under(f, root_prefix) or Path(os.path.relpath(f, root)).as_posix()
-        sources[key] = {"file": key, "bytes": st.st_size, **({"link": True} if link else {})}
+        sources[key] = {"file": key, "bytes": size, **({"link": True} if link else {})}
         image_id = _under(f, folder_prefix)
         if image_id is None:
             problems.add(f"{key}: lies outside the image folder {src.root}/")
             continue
-        problem = _link_problem(f, root_real, link, st, real_dirs)
+        problem = problem_of()
         if problem is None and image_id != manifest_id and PurePosixPath(image_id).suffix.lower() not in extensions:
             problem = f"has an extension not in the accepted extensions {sorted(extensions)}"
         if problem is not None:
             problems.file(image_id, problem)
             refused.add(image_id)
         elif image_id == manifest_id:
-            manifest = f
+            manifest = files.fetch(key) if in_store else f
         else:
             candidates[image_id] = (f, key)
     if src.manifest:
         return _manifest_entries(spec, manifest, candidates, refused, problems)
-    return _class_folder_entries(spec, folder, candidates, refused, problems)
+    # a store lists no empty folder: every folder it has holds a file
+    folders = [] if in_store else _folders(folder)
+    return _class_folder_entries(spec, folders, candidates, refused, problems)
+
+
+Listed = tuple[Path, int, bool, Callable[[], "str | None"]]  # path, bytes, a link, its problem if any
+
+
+def _local_files(files: Sequence[Path], root: Path) -> Iterator[Listed]:
+    """Each local file's own size and whether it is a link (not followed), and its link problem,
+    found only for the files in the image folder (``_link_problem``)."""
+    root_real = root.resolve()
+    real_dirs: dict[Path, Path] = {}  # a folder's resolved path, found once for all its files
+    for f in files:
+        st = f.lstat()
+        link = stat.S_ISLNK(st.st_mode)
+        yield f, st.st_size, link, lambda f=f, link=link, st=st: _link_problem(f, root_real, link, st, real_dirs)
+
+
+def _store_files(listing: StoreListing, root: Path) -> Iterator[Listed]:
+    """Each of the store's files where it would be downloaded; never a link, so never a link problem."""
+    for name, size in listing.files:
+        yield root / name, size, False, lambda: None
+
+
+def _folders(folder: Path) -> list[str]:
+    """The sub-folders of a local image folder (links to folders are not class folders)."""
+    return sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.is_symlink()) if folder.is_dir() else []
 
 
 def _under(f: Path, prefix: str) -> str | None:
@@ -141,9 +182,10 @@ def _link_problem(f: Path, root_real: Path, link: bool, st: os.stat_result, real
     return None
 
 
-def _class_folder_entries(spec: PipelineSpec, folder: Path, candidates: dict[str, tuple[Path, str]],
+def _class_folder_entries(spec: PipelineSpec, on_disk: list[str], candidates: dict[str, tuple[Path, str]],
                           refused: set[str], problems: Problems) -> list[Entry]:
-    """``root/<class>/<file>``: the first folder under root names the class."""
+    """``root/<class>/<file>``: the first folder under root names the class (``on_disk``: the
+    image folder's sub-folders, so that an empty one is reported)."""
     classes = set(spec.class_names)
     entries, undeclared = [], {}
     for image_id, (path, key) in candidates.items():
@@ -160,7 +202,6 @@ def _class_folder_entries(spec: PipelineSpec, folder: Path, candidates: dict[str
         problems.add(f"{problems.folder}/{label}/: class folder {label!r} ({n} image(s)) is not one of the declared "
                      f"classes {list(spec.class_names)}")
     with_files = {i.split("/")[0] for i in [*candidates, *refused] if "/" in i}
-    on_disk = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.is_symlink()) if folder.is_dir() else []
     for name in on_disk:
         if name not in with_files:
             problems.add(f"{problems.folder}/{name}/: class folder is empty")
