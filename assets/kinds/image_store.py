@@ -4,7 +4,7 @@ one, and what its commit adds and removes (assets/kinds/image_parts.py says what
 The run's branch starts from ``main``, which holds the newest version, so the parts and shards a
 new version keeps are already on it: they are neither uploaded nor rewritten, and the commit
 touches only the parts that changed. A kept file the branch lacks (a branch made another way) is
-copied from the previous version's commit, so the version is whole either way.
+copied by the store from the previous version's commit, so the version is whole either way.
 """
 
 from __future__ import annotations
@@ -112,10 +112,8 @@ def _sync(store, branch: str, prefix: str, out: Path, wanted: set[str], previous
         elif path in present:
             counts["kept"] += 1
         elif (source := (staged or {}).get(path) or previous_commit) is not None:
-            # through a file: a raw part can be hundreds of MB
-            copy = store.download(source, path, out / ".copied" / path[len(prefix):])
-            store.put_file(branch, path, copy)
-            copy.unlink()
+            # by the store: a raw part can be hundreds of MB, and none of it passes through here
+            store.copy_object(source, path, branch)
             counts["copied"] += 1
         else:
             raise FileNotFoundError(f"{path}: neither made by this run nor held by the branch or a previous version")
