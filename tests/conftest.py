@@ -162,6 +162,8 @@ FULL_ONLY: dict[str, str] = {
     # as pods (one killed), a table's groups as pods, and a table's groups as processes.
     "tests/k8s/test_image_ingest_pods.py": "ingest groups as pods, 87 s: k8s/test_step_pods' shard steps stay",
     "tests/k8s/test_text_step_pods.py": "a corpus's groups as pods, 56 s: k8s/test_step_pods' shard steps stay",
+    "tests/k8s/test_table_ingest_pods.py": "a table's ingest pod killed, 57 s: pipeline/test_table_ingest_steps' "
+                                           "retried group stays",
     "tests/k8s/test_step_pods.py::test_a_tables_shard_step_whose_pod_dies_is_retried_alone_and_the_version_is_whole":
         "a table's group pod killed, 32 s: the image shard step's killed pod stays",
     "tests/data/test_image_ingest_steps.py::test_run_with_the_multiprocess_executor_the_groups_ingest_in_processes_of_their_own_and_make_the_same_raw_copy":
