@@ -333,8 +333,7 @@ def build_table_raw_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], *, s
                                                     hashes=planned["hashes"])
                 else:
                     ingested = _merged(context, s, spec, asset, suite, groups, tmp, key=data)
-                    ingested = replace(ingested, how=f"every row read ({ingested.rows}) in {len(groups)} step(s): "
-                                                     f"{planned['why']}")
+                    ingested = replace(ingested, how=f"every row read ({ingested.rows}): {planned['why']}")
             except SourceError as exc:
                 raise failed_input(exc) from exc
             context.log.info(f"{name}: {ingested.how}")

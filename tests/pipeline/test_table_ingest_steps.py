@@ -202,7 +202,7 @@ def test_a_table_of_files_is_ingested_in_several_steps_and_published_in_one_comm
     assert not store.list_objects("main", prefix="datasets/tab/raw/steps/")  # the staged parts never reach a commit
     said = [e.message for e in platform.instance.all_logs(result.run_id) if "row read" in e.message]
     assert said == ["tab: 4 file(s) to ingest in 4 step(s) of up to 1 (every row read: no published version to "
-                    "build on)", "tab: every row read (361) in 4 step(s): no published version to build on"]
+                    "build on)", "tab: every row read (361): no published version to build on"]
 
 
 # A job dagster can rebuild by reference: a re-execution from failure needs one.
