@@ -120,6 +120,9 @@ FULL_ONLY: dict[str, str] = {
         "experiments/test_sweep_trials stays",
     "tests/teams/test_shared_dataset_across_locations.py":
         "team locations: teams/test_team_locations and test_team_job_from_its_folder stay",
+    "tests/teams/test_team_image_parts.py":
+        "a team's image folder (about 40 s): data/test_image_ingest_steps (ingest over steps) and "
+        "data/test_image_parts (a grown folder keeps its parts) stay",
     "tests/serving/test_diabetes_served_from_card.py":
         "every row of one export; serving's unit tests stay",
     # Failures reaching the user: the step failure's cause once stays.
