@@ -142,7 +142,10 @@ def test_a_re_executed_ingest_copies_the_first_runs_staged_parts_without_reading
     on_main = _part_files(store, "main")
     assert set(staged_first) < set(on_main)
     # the shards step downloads every part once to shard it; the copy into the version added nothing
-    assert {p: n - sent_before[p] for p, n in _sent(server, staged_first).items()} == staged_first
+    sent = {p: n - sent_before[p] for p, n in _sent(server, staged_first).items()}
+    print(f"\nre-executed ingest on lakeFS: {sum(sent.values())} bytes of the first run's {len(sent)} staged "
+          f"part file(s) ({sum(staged_first.values())} bytes) sent (pytest -s)")
+    assert sent == staged_first
     _equals_one_pass(store, root, tmp_path / "one")
 
 
@@ -164,6 +167,8 @@ def test_a_re_executed_shard_group_carries_the_raw_commit_without_reading_it(lak
     # the raw commit is on main with the shards, yet only the failed group's parts were sent, once,
     # to the step that sharded them again: the carry of the whole raw commit sent nothing
     sent = {p: n - sent_before[p] for p, n in _sent(server, parts).items()}
+    print(f"\nre-executed shard group on lakeFS: {sum(sent.values())} bytes of the raw commit's {len(parts)} part "
+          f"file(s) ({sum(parts.values())} bytes) sent, the failed group's {len(failed_group)} (pytest -s)")
     assert sent == {p: (size if p in failed_group else 0) for p, size in parts.items()}
     assert all(store.get_object("main", p) == store.get_object(raw_commit, p)
                for p in [o.path for o in store.list_objects(raw_commit, prefix=RAW)])
