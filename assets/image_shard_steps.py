@@ -135,7 +135,7 @@ def build_image_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetK
             checked_report = kind.check_shards(spec, manifest, Path(tmp))  # split-level, on the parts' records
             report = QualityReport(checked_report.asset, checked_report.outcomes, failures + checked_report.failures)
             moved = put_shards(s, branch, shard_prefix, Path(tmp), manifest, raw.get("previous_commit"), staged)
-            carry_raw_commit(context, s, raw, branch, Path(tmp))
+            carry_raw_commit(context, s, raw, branch)
         manifest = strip_carried(manifest)
         context.log.info(f"{name}: the version's {len(manifest['parts'])} part(s): {len(made)} step(s) sharded "
                          f"{sum(len(g['records']) for g in made)}, {moved['kept']} shard file(s) on the branch "

@@ -9,7 +9,6 @@ a table part's place in id order, since its key is known only once a step has re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from assets.sharding import CARRIED
 
@@ -48,15 +47,14 @@ def assemble_parts(slots: list[str], made: list[dict], kept: Mapping[str, tuple[
     return ordered, failures, staged
 
 
-def carry_raw_commit(context, store, raw: dict, branch: str, tmp: Path | None = None) -> int:
+def carry_raw_commit(context, store, raw: dict, branch: str) -> int:
     """Stage on ``branch`` what the raw copy's commit changed, when that commit is on another run's
     branch: a re-execution from failure runs on a branch of its own, made from main, which the
     first run's raw commit never reached; without this the version would reach main without its
     raw copy. Returns how many paths it staged (0 for a run that committed its raw copy itself).
 
     The store copies each changed path from the commit (``copy_object``): on lakeFS no byte of a
-    raw copy, terabytes for a large corpus, passes through this step. ``tmp`` is not used any
-    more; the callers still pass their temporary folder."""
+    raw copy, terabytes for a large corpus, passes through this step."""
     if raw.get("branch") in (None, branch):
         return 0
     commit = store.get_commit(raw["commit_id"])

@@ -378,7 +378,7 @@ def build_table_shards_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], c
         stamp_manifest(spec, manifest, raw)
         with tempfile.TemporaryDirectory(prefix="shards-") as tmp:  # every file is staged or kept: none to upload
             moved = put_shards(s, branch, prefix, Path(tmp), manifest, planned["previous_commit"], staged)
-            carry_raw_commit(context, s, raw, branch, Path(tmp))
+            carry_raw_commit(context, s, raw, branch)
         carried = sum(all(e.get(CARRIED) for es in p.entries.values() for e in es) for p in parts)
         context.log.info(f"{name}: {len(parts) - carried} of {len(parts)} part(s) sharded in {len(made)} step(s)"
                          + (f", the other {carried} kept from the published version" if previous else "")

@@ -194,7 +194,7 @@ def build_text_shards_asset(spec: PipelineSpec, kind, keys: dict[str, dg.AssetKe
             checked_report = kind.check_shards(spec, all_carried(manifest), tmp)
             report = QualityReport(checked_report.asset, checked_report.outcomes, failures + checked_report.failures)
             moved = put_shards(s, branch, shard_prefix, tmp, manifest, planned["published"], staged)
-            carry_raw_commit(context, s, raw, branch, tmp)
+            carry_raw_commit(context, s, raw, branch)
         context.log.info(text_store.sharded_line(name, manifest, previous, moved)
                          + f"; {len(made)} step(s) tokenized the new part(s); one commit")
         yield from shards_outputs(context, s, spec, key, raw, strip_carried(manifest), report, branch, platform,
