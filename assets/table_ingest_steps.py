@@ -15,14 +15,15 @@ asset is a graph (Dagster's ``graph_asset``) of three ops, as an image folder's 
   executor), with the transient retry policy, so a failed group is retried alone; bad input
   (``SourceError``) fails at once. It parses its files, runs the raw suite's per-chunk work on
   each chunk (``ChunkedRawSuite.observe``: outcomes, key columns, class counts, not yet added
-  up), converts the chunks into row groups of a Parquet part that it stages on the run's branch,
-  uncommitted, and describes its files (size, sha256) for the ingest record;
+  up), converts the chunks into row groups of a Parquet part that it stages on a branch beside the
+  run's (``parts_branch``), never committed, and describes its files (size, sha256) for the ingest record;
 - ``publish`` (after ``collect``): adds the groups' observations up in the source's order
   (``ChunkedRawSuite.take``), so every expectation, per chunk or on the whole key table, is
   judged as one pass judges it; the platform's rules across groups (the first refused chunk, no
   rows, ids unique over every row group); the parts' row groups joined as bytes into ONE raw copy
   (assets/parquet_splice.py ``join``); the ingest record and key table; ONE commit with the
-  report and the blocking ``raw_expectations`` check. The staged parts never reach a commit.
+  report and the blocking ``raw_expectations`` check. The staged parts never reach a commit; their
+  branch is deleted once the version is committed, so a retried publish joins them again.
 
 The result is the single step's, byte for byte: raw copy, key table, record, report, sources.json
 (tests/pipeline/test_table_ingest_steps.py). A source grown by appended rows or new files is
@@ -59,11 +60,32 @@ from assets.source import SourceChunks, SourceError, resolve_source_files, valid
 from assets.source_place import SOURCES_PREFIX, locate_sources, table_descriptions
 from core.datasets import reusable_version
 from core.spec import PipelineSpec
-from ops.runs import TRANSIENT_RETRY, ensure_run_branch
+from ops.runs import TRANSIENT_RETRY, ensure_run_branch, run_branch_name
 from resources.platform import PlatformSettings, VersionedStoreResource
 from resources.store.base import MAIN, RefNotFoundError
 
 CHECK = "raw_expectations"
+PARTS_SUFFIX = "-parts"  # the ingest groups' branch: the run's branch name and this
+
+
+def parts_branch(store, run_id: str) -> str:
+    """The branch a run's ingest groups stage their parts on: a branch of their own beside the run's
+    (made from main), so the run's commit never holds them and ``publish`` can drop them only once
+    the version is committed (a publish retried after a failed commit finds them still there). One
+    that a failed run leaves holds no commit, so housekeeping deletes it as merged."""
+    name = run_branch_name(run_id) + PARTS_SUFFIX
+    store.create_branch(name, MAIN, exist_ok=True)
+    return name
+
+
+def drop_parts_branches(store, names: set[str]) -> None:
+    """Delete the branches the groups staged on (a re-execution's groups may have staged on the
+    earlier run's); one already gone was dropped by an earlier try of this publish."""
+    for name in sorted(names):
+        try:
+            store.delete_branch(name)
+        except RefNotFoundError:
+            pass  # gone already: what this call is for
 
 
 # ---------------------------------------------------------------- a group's files, and the groups put together
@@ -286,7 +308,7 @@ def build_table_raw_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], *, s
     @dg.op(name=f"{ident}_ingest_files", retry_policy=TRANSIENT_RETRY)
     def ingest_files(context, group: dict, store: VersionedStoreResource) -> dict:
         s = store.get()
-        branch = ensure_run_branch(s, context.run_id)
+        branch = parts_branch(s, context.run_id)
         with tempfile.TemporaryDirectory(prefix="ingest-files-") as tmp:
             files = fetched(s, group["source_commit"], group["entries"], Path(tmp) / "sources")
             try:
@@ -340,13 +362,12 @@ def build_table_raw_asset(spec: PipelineSpec, keys: dict[str, dg.AssetKey], *, s
             report = ingested.report
             if report.passed:  # otherwise only the evidence stays on the run branch; nothing reaches main
                 put_raw(s, branch, name, ingested)
-            for group in groups:  # the parts never reach a commit
-                if group["part"] is not None and s.exists(group["part"]["branch"], group["part"]["path"]):
-                    s.delete_object(group["part"]["branch"], group["part"]["path"])
             s.put_object(branch, raw_prefix + "sources.json",
                          json.dumps(planned["sources"], indent=2, sort_keys=True).encode())
         commit_id = commit_checked(context, s, branch, platform, report, "raw_dataset", f"Ingest raw data of {name}",
                                    rows=str(ingested.rows), source_commit=source_commit or "")
+        # only once the version is committed: a publish retried after a failed commit joins the parts again
+        drop_parts_branches(s, {g["part"]["branch"] for g in groups if g["part"] is not None})
         value = {"dataset": name, "commit_id": commit_id, "path": ingest.raw_path(name), "rows": ingested.rows,
                  "branch": branch, "source_commit": source_commit, "checks": report.summary(), "data_key": data,
                  **appended_output(ingested, published)}

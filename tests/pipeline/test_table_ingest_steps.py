@@ -22,6 +22,8 @@ from core.expectations import standard_raw_expectations
 from core.spec import QualitySuite, Source, dataset_pipeline
 from pipelines.definitions import build_definitions, training_job_name
 from pipelines.profiles import Profile
+from resources.store.base import StoreError
+from resources.store.local import LocalVersionedStore
 from tests.pipeline.conftest import Platform, failure_messages
 
 FEATURES = ("f0", "f1", "f2", "f3")
@@ -243,6 +245,29 @@ def test_a_failed_group_is_retried_alone(platform, tmp_path, monkeypatch):
     restarted = [e.step_key for e in result.all_events if e.event_type_value == "STEP_RESTARTED"]
     assert len(restarted) == 1 and "_ingest_files[files_00001]" in restarted[0]
     assert _raw_bytes(platform.store(), "tab") == _reference(tmp_path)
+
+
+def test_a_publish_whose_commit_failed_is_retried_and_joins_the_parts_again(platform, tmp_path, monkeypatch):
+    """The groups' parts stay staged (on a branch of their own) until the version is committed, so
+    a transient failure of the commit is one a retry fixes; their branch goes once it is done."""
+    _write_files(platform.sources / "tab", "csv")
+    commit, failed = LocalVersionedStore.commit, []
+
+    def fails_once(self, branch, message, *args, **kw):
+        if message.startswith("Ingest raw data of tab") and not failed:
+            failed.append(branch)
+            raise StoreError("the store's commit timed out")
+        return commit(self, branch, message, *args, **kw)
+
+    monkeypatch.setattr(LocalVersionedStore, "commit", fails_once)
+    result = platform.run(_spec("tab", "tab/*.csv", files_per_step=1))
+
+    assert result.success, failure_messages(result)
+    restarted = [e.step_key for e in result.all_events if e.event_type_value == "STEP_RESTARTED"]
+    assert len(failed) == 1 and len(restarted) == 1 and restarted[0].endswith("_publish"), restarted
+    store = platform.store()
+    assert _raw_bytes(store, "tab") == _reference(tmp_path)
+    assert f"run-{result.run_id}{steps.PARTS_SUFFIX}" not in store.list_branches()  # dropped once committed
 
 
 def test_bad_input_in_a_group_fails_at_once_and_main_is_unchanged(platform, monkeypatch):
