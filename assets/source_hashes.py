@@ -23,15 +23,17 @@ This module decides which bytes are hashed, not what they are, so it is not in t
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from assets import ingest
 from assets.source import file_sha256
-from assets.source_place import SOURCES_PREFIX, SourcePlace, describe_files, typed_source_files
+from assets.source_place import (SOURCES_PREFIX, SourcePlace, describe_files, locate_sources, table_descriptions,
+                                 typed_source_files)
 from core.datasets import UnknownDatasetVersionError, dataset_tags
 from core.spec import PipelineSpec
-from resources.store.base import ObjectInfo, RefNotFoundError
+from resources.store.base import MAIN, ObjectInfo, RefNotFoundError
 
 RECORD_NAME = "source_hashes.json"
 RECORD_VERSION = 1
@@ -122,3 +124,21 @@ def read_sources(spec: PipelineSpec, store, place: SourcePlace, tmp: Path) -> Re
         # the size recorded is the bytes read, so a listing that disagreed with them never matches
         read.record[name] = {"bytes": size, "checksum": o.checksum, "sha256": sha256}
     return read
+
+
+def source_data_key(spec: PipelineSpec, store, sources_root: Path, commit: str | None = None) -> tuple[dict, str]:
+    """(the data key a run of dataset ``spec`` at ``commit`` (main's head) would compute, the
+    place it read): the same files, described as the raw asset describes them."""
+    from assets.data_key import data_key, frame_sha256
+    from assets.kinds import data_kind
+
+    if getattr(spec.source, "loader", None) is not None:  # a table's loader function
+        frame = spec.source.loader()
+        described = [{"loader": spec.source.describe(), "rows": int(len(frame)), "sha256": frame_sha256(frame)}]
+        return data_key(spec, described), f"{spec.name}: calling {spec.source.describe()}"
+    place = locate_sources(spec, store, sources_root, commit or store.resolve_ref(MAIN))
+    if data_kind(spec) is None:
+        return data_key(spec, table_descriptions(spec, place)), place.describe()
+    # the store's files that the newest version read are not downloaded again (assets/source_hashes.py)
+    with tempfile.TemporaryDirectory(prefix="source-key-") as tmp:
+        return data_key(spec, read_sources(spec, store, place, Path(tmp)).described), place.describe()

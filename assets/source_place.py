@@ -7,9 +7,9 @@ a text corpus') are read as they are, from local disk, in either case.
 
 The raw assets (assets/pipeline.py, assets/typed_data.py) read through ``locate_sources`` and
 log ``SourcePlace.describe()``, so a run always says which place it read; files of the local
-folder that the store's area hides are named there too. ``source_data_key`` is the data key a
-run would compute (assets/data_key.py), for ``python -m pipelines train`` to compare with the
-published versions before it trains. This module decides only which files are read, not what
+folder that the store's area hides are named there too. The data key a run would compute, for
+``python -m pipelines train`` to compare with the published versions before it trains, is
+assets/source_hashes.py ``source_data_key``. This module decides only which files are read, not what
 their bytes become, so it is not part of the data key's code (``DATA_CODE``).
 """
 
@@ -19,13 +19,12 @@ import fnmatch
 import glob
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from assets.source import SourceError, file_sha256, missing_source_hint, resolve_source_files
 from core.spec import ImageFolder, PipelineSpec, TextCorpus
-from resources.store.base import MAIN, ObjectInfo
+from resources.store.base import ObjectInfo
 
 SOURCES_PREFIX = "sources/"
 _GLOB = re.compile(r"[*?\[]")
@@ -187,23 +186,3 @@ def _described_local(files: list[Path]) -> list[dict]:
 
 def _described_store(objects) -> list[dict]:
     return [{"file": o.path, "bytes": o.size_bytes, "checksum": o.checksum} for o in objects]
-
-
-def source_data_key(spec: PipelineSpec, store, sources_root: Path, commit: str | None = None) -> tuple[dict, str]:
-    """(the data key a run of dataset ``spec`` at ``commit`` (main's head) would compute, the
-    place it read): the same files, described as the raw asset describes them."""
-    from assets.data_key import data_key, frame_sha256
-    from assets.kinds import data_kind
-
-    if getattr(spec.source, "loader", None) is not None:  # a table's loader function
-        frame = spec.source.loader()
-        described = [{"loader": spec.source.describe(), "rows": int(len(frame)), "sha256": frame_sha256(frame)}]
-        return data_key(spec, described), f"{spec.name}: calling {spec.source.describe()}"
-    place = locate_sources(spec, store, sources_root, commit or store.resolve_ref(MAIN))
-    if data_kind(spec) is None:
-        return data_key(spec, table_descriptions(spec, place)), place.describe()
-    from assets.source_hashes import read_sources
-
-    # the store's files that the newest version read are not downloaded again (assets/source_hashes.py)
-    with tempfile.TemporaryDirectory(prefix="source-key-") as tmp:
-        return data_key(spec, read_sources(spec, store, place, Path(tmp)).described), place.describe()

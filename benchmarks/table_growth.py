@@ -30,9 +30,10 @@ PIPELINE, FULL = "bench_table", "bench_table_full"
 # the raw asset's line on how it ingested (assets/append.py): the new rows alone, or every row and why
 APPENDED = "appended to the published version's"
 INGEST_LINES = (APPENDED, "every row read (")
-# A graph asset's steps (assets/table_shard_steps.py: plan, a shard_parts step per group, publish),
+# A graph asset's steps (assets/table_ingest_steps.py: plan, an ingest_files step per group of files,
+# publish; assets/table_shard_steps.py: plan, a shard_parts step per group, publish),
 # timed together under the asset's name, from the first one's start to the last one's end.
-GRAPH_STEP = re.compile(r"_(plan|shard_parts\[[^\]]*\]|publish)$")
+GRAPH_STEP = re.compile(r"_(plan|(?:shard_parts|ingest_files)\[[^\]]*\]|publish)$")
 DIM = 256
 
 

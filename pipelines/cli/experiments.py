@@ -94,7 +94,7 @@ def dataset_notes(spec, args: argparse.Namespace, profile: Profile) -> list[str]
         return [f"{spec.name} trains on dataset {spec.dataset!r}: its sources are checked against its newest version "
                 "first (reused when unchanged, else the new version is made first)"]
     from assets.source import SourceError
-    from assets.source_place import source_data_key
+    from assets.source_hashes import source_data_key
     from resources.store.base import StoreError
     from core.datasets import DATA_KEY, changed_parts, manifest_path, resolve_dataset_version
     from pipelines.cli.lookup import find_pipeline, workspace_of

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from assets.data_key import data_key
-from assets.source_hashes import published_hashes, read_sources, record_bytes, record_path
-from assets.source_place import describe_files, locate_sources, source_data_key
+from assets.source_hashes import published_hashes, read_sources, record_bytes, record_path, source_data_key
+from assets.source_place import describe_files, locate_sources
 from core.datasets import dataset_tag
 from core.spec import ImageFolder
 from pipelines.models.shapes import shapes_dataset
