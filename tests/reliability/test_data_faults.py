@@ -10,7 +10,9 @@
 - a worker killed while it shards its step's parts: the step is retried alone and the version
   holds every image once;
 - a table's shard step pod killed (the step pod simulation, tests/k8s/test_step_pods.py): the
-  step is retried alone in a new pod and the version is the single-step build, byte for byte.
+  step is retried alone in a new pod and the version is the single-step build, byte for byte;
+- a table's ingest step pod killed (tests/k8s/test_table_ingest_pods.py), one of four groups of
+  files: retried alone in a new pod, the raw copy one commit and one step's, byte for byte.
 
 Real SeaweedFS, real torchrun, real Dagster; nothing lost means every optimizer step trained once
 and the dataset version holds exactly the folder's images.
@@ -30,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.k8s.test_step_pods import step_pods, table_step_pod_killed  # noqa: F401  (step_pods: a fixture)
+from tests.k8s.test_table_ingest_pods import table_ingest_pod_killed
 from tests.pipeline.conftest import platform  # noqa: F401  (a fixture)
 from tests.runtime.helpers import make_dataset, torchrun
 from tests.runtime.test_stream_s3 import s3, split_bytes, streaming_config, upload  # noqa: F401  (s3: a fixture)
@@ -200,4 +203,11 @@ def test_a_tables_shard_step_pod_killed_is_retried_alone(step_pods, tmp_path, le
     alone, whole, why = table_step_pod_killed(step_pods, tmp_path)
     ledger.record("data: a table partition's pod killed", alone, whole,
                   "the step retried alone in a new pod; the version the single-step build, byte for byte")
+    assert alone and whole, why
+
+
+def test_a_tables_ingest_step_pod_killed_is_retried_alone(step_pods, tmp_path, ledger):  # noqa: F811
+    alone, whole, why = table_ingest_pod_killed(step_pods, tmp_path)
+    ledger.record("data: a table's ingest pod killed", alone, whole,
+                  "the group retried alone in a new pod; the raw copy one commit, one step's byte for byte")
     assert alone and whole, why
