@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from multiprocessing import forkserver
+import signal
 import sys
+from multiprocessing import forkserver
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -115,7 +116,7 @@ class WorkerPool:
 
     def __enter__(self) -> "WorkerPool":
         if self.workers > 0:
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=_context())
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=_context(), initializer=_worker_signals)
             # The server starts now and imports while the caller reads its first input; left to
             # the first submit, which waits for the server's first fork, its start (0.2-0.35 s:
             # an interpreter and the preloaded modules) came after that reading, in series.
@@ -137,7 +138,10 @@ class WorkerPool:
         pending: deque[tuple[Any, Future]] = deque()
         try:
             for key, task in jobs:
-                pending.append((key, self._executor.submit(fn, task)))
+                try:
+                    pending.append((key, self._executor.submit(fn, task)))
+                except BrokenProcessPool as exc:  # a worker died since the last result was read
+                    raise _died(exc) from exc
                 if len(pending) >= 2 * self.workers:
                     yield _result(*pending.popleft())
             while pending:
@@ -147,12 +151,26 @@ class WorkerPool:
                 future.cancel()
 
 
+def _worker_signals() -> None:
+    """A worker dies on SIGTERM, whatever its host did with it. When a worker dies (killed for
+    memory), the executor marks the pool broken and stops the others with ``terminate()``
+    (SIGTERM), then joins them; a worker that ignores SIGTERM while it blocks writing a large
+    result to a pipe nobody reads any more is then joined forever. Workers inherit the signal
+    dispositions of the process that started the forkserver, and a host may ignore SIGTERM (a
+    step process, a test runner's worker: seen in CI, where the step then hung)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _result(key: Any, future: Future) -> tuple[Any, Any]:
     try:
         return key, future.result()
     except BrokenProcessPool as exc:
-        raise RuntimeError("an image worker process died (killed for memory, or crashed in a native "
-                           "library); the pool stopped") from exc
+        raise _died(exc) from exc
+
+
+def _died(exc: BrokenProcessPool) -> RuntimeError:
+    return RuntimeError("an image worker process died (killed for memory, or crashed in a native library); the pool "
+                        f"stopped ({exc})")
 
 
 # --- tasks (run in the workers) -----------------------------------------------------------------
