@@ -155,9 +155,11 @@ def _worker_signals() -> None:
     """A worker dies on SIGTERM, whatever its host did with it. When a worker dies (killed for
     memory), the executor marks the pool broken and stops the others with ``terminate()``
     (SIGTERM), then joins them; a worker that ignores SIGTERM while it blocks writing a large
-    result to a pipe nobody reads any more is then joined forever. Workers inherit the signal
-    dispositions of the process that started the forkserver, and a host may ignore SIGTERM (a
-    step process, a test runner's worker: seen in CI, where the step then hung)."""
+    result to a pipe nobody reads any more is then joined forever. Workers inherit the ignored
+    signals of the process that started the forkserver, and a step's process may ignore SIGTERM:
+    while Dagster executes it maps SIGTERM to SIGINT's handler (dagster/_utils/interrupts.py),
+    and a process started in the background (``make ui &``, a test runner's worker) ignores
+    SIGINT. CI caught a step hung this way."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
