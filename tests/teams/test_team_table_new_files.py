@@ -2,7 +2,8 @@
 as a user runs it on an empty DAGSTER_HOME: the abacus team's package (written to a temporary
 folder, which nothing in the repository can import) declares a model on a folder of Parquet files
 in the store's sources area, one file per day. ``python -m pipelines sources add`` commits six
-days and ``python -m pipelines train`` makes version 1; then the seventh day's file is committed
+days and ``python -m pipelines train`` makes version 1, its raw ingest spread over three steps of
+two files (assets/table_ingest_steps.py); then the seventh day's file is committed
 the same way and trained again. The raw asset reads the new file alone (its log says so), its
 ingest record lists the seven files for the next day to build on, and the second dataset
 version's commit adds and removes the shard files of the parts the new rows fall in and no others
@@ -26,10 +27,11 @@ pytestmark = pytest.mark.slow
 
 NAME = "abacus_events"
 DEFINITIONS = textwrap.dedent(f'''
-    from pipelines.api import model_pipeline, team_definitions
+    from pipelines.api import Source, model_pipeline, team_definitions
 
+    # two files a step: the first version's six days are ingested by three steps
     events = model_pipeline(
-        "{NAME}", source="abacus/events/*.parquet", features=["a", "b", "c"], label="label", classes=range(3),
+        "{NAME}", source=Source(paths=("abacus/events/*.parquet",), files_per_step=2), features=["a", "b", "c"], label="label", classes=range(3),
         id_column="row_id", model="mlp", model_kwargs={{"hidden_sizes": [16]}},
         recipe={{"epochs": 8, "batch_size": 32, "lr": 0.01, "world_size": 1, "checkpoint_every_steps": 1000}},
         gate={{"min_test_accuracy": 0.7}}, split={{"seed": 0, "samples_per_shard": 32}}, team="abacus")
@@ -66,6 +68,8 @@ def test_a_team_folder_of_daily_parquet_files_grows_by_the_new_file_alone(tmp_pa
     assert any(f"{NAME}: appended to the published version's 600 row(s): 12 new row(s) of the new file(s) "
                "2026-12-07.parquet parsed and checked" in line for line in logs), logs
     assert sum(f"{NAME}: every row read (600): no published version to build on" in line for line in logs) == 1
+    assert sum(f"{NAME}: 6 file(s) to ingest in 3 step(s) of up to 2 (every row read: no published version to "
+               "build on)" in line for line in logs) == 1, logs
 
     store = team.store()
     assert list_versions(store, NAME) == [1, 2]
